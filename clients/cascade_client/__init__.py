@@ -1,0 +1,1 @@
+"""Python client for Cascade (sync and async, streaming first)."""

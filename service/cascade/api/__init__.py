@@ -1,0 +1,1 @@
+"""HTTP layer: validates, translates and streams; holds no algorithm."""

@@ -1,0 +1,95 @@
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the right status."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cascade.engine.manager import EngineNotReadyError
+
+logger = logging.getLogger("cascade.api")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error the client caused (4xx) or must retry (503), carried to the OpenAI error shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The JSON body OpenAI clients parse into typed exceptions."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """Render an ``APIError``."""
+    return JSONResponse(error_body(error.status, error.message, error.param, error.code),
+                        status_code=error.status, headers=error.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request", None
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return "Request body is not valid JSON: " + str(first.get("msg", "")), None
+    msg = str(first.get("msg", "invalid value"))
+    return (f"Invalid value for '{param}': {msg}" if param else msg), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every failure path answers in OpenAI's shape; unexpected errors are 500 without internals."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(APIError(400, message, param=param, code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "Unknown route" if exc.status_code == 404 else str(exc.detail)
+        return error_response(APIError(exc.status_code, message, headers=getattr(exc, "headers", None)))
+
+    @app.exception_handler(EngineNotReadyError)
+    async def _not_ready(_: Request, exc: EngineNotReadyError) -> JSONResponse:
+        return error_response(APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error", extra={"path": request.url.path})
+        return error_response(APIError(500, "Internal server error", code="internal_error"))

@@ -1,0 +1,145 @@
+"""One ASGI middleware for what every request needs: id, auth, body limit, admission, metrics, log.
+
+Pure ASGI (not ``BaseHTTPMiddleware``) so streaming bodies and client disconnects pass through
+untouched: a dropped SSE client must cancel the handler, which aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cascade.api.errors import error_body
+from cascade.metrics import Metrics
+from cascade.settings import Settings
+
+logger = logging.getLogger("cascade.access")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_OPEN_PATHS = frozenset({"/health"})
+
+
+class BodyTooLargeError(Exception):
+    """The request body passed the configured limit while being read."""
+
+
+def sanitize_request_id(value: str | None) -> str:
+    """A client-supplied ``X-Request-Id`` is kept only when it is short and path-safe."""
+    if value and _SAFE_ID.match(value) and not value.startswith("."):
+        return value
+    return uuid.uuid4().hex
+
+
+def body_limit_for(path: str, settings: Settings) -> int:
+    """Per-route body limits (the codec takes larger bodies than chat)."""
+    limits: dict[str, int] = getattr(settings, "route_body_limits", {})
+    for prefix, limit in limits.items():
+        if path.startswith(prefix):
+            return limit
+    return settings.max_body_bytes
+
+
+class GatewayMiddleware:
+    """Request id, Bearer auth, body-size limit, in-flight cap (429), metrics and an access log."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self.inflight = 0
+        self._key = settings.api_key.get_secret_value().encode() if settings.api_key else None
+
+    async def _reply(self, send: Send, status: int, message: str, code: str | None = None,
+                     headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(error_body(status, message, code=code)).encode()
+        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        if self._key is None:
+            return True
+        supplied = headers.get(b"authorization", b"")
+        scheme, _, token = supplied.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        path: str = scope["path"]
+        rid = sanitize_request_id(headers.get(b"x-request-id", b"").decode("latin-1"))
+        scope.setdefault("state", {})["request_id"] = rid
+        started = time.monotonic()
+        status_holder: dict[str, Any] = {"status": 500, "started": False}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+                status_holder["started"] = True
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        route = _route_label(path)
+        try:
+            if path not in _OPEN_PATHS and not self._authorized(headers):
+                await self._reply(send_wrapper, 401, "Invalid or missing API key (use 'Authorization: Bearer "
+                                  "<key>')", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                return
+            limit = body_limit_for(path, self.settings)
+            declared = headers.get(b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                await self._reply(send_wrapper, 413, f"Request body is larger than the limit of {limit} bytes",
+                                  code="body_too_large")
+                return
+            if path.startswith("/v1/") or path in ("/compress", "/decompress"):
+                if self.inflight >= self.settings.max_concurrent_requests:
+                    await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
+                                      code="overloaded", headers={"Retry-After": "1"})
+                    return
+            received = 0
+
+            async def limited_receive() -> Message:
+                nonlocal received
+                message = await receive()
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > limit:
+                        raise BodyTooLargeError
+                return message
+
+            self.inflight += 1
+            self.metrics.inflight.inc()
+            try:
+                await self.app(scope, limited_receive, send_wrapper)
+            except BodyTooLargeError:
+                if not status_holder["started"]:
+                    await self._reply(send_wrapper, 413, f"Request body is larger than the limit of {limit} bytes",
+                                      code="body_too_large")
+            finally:
+                self.inflight -= 1
+                self.metrics.inflight.dec()
+        finally:
+            elapsed = time.monotonic() - started
+            status = status_holder["status"]
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(route).observe(elapsed)
+            logger.info("request", extra={"request_id": rid, "method": scope["method"], "path": route,
+                                          "status": status, "seconds": round(elapsed, 4)})
+
+
+_KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/kcbs", "/compress",
+                 "/decompress", "/health", "/ready", "/metrics")
+
+
+def _route_label(path: str) -> str:
+    """Bounded label values: unknown paths collapse into one label."""
+    return path if path in _KNOWN_ROUTES else "other"

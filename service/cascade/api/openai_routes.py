@@ -1,0 +1,291 @@
+"""``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions``: translate, run, stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
+from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
+from cascade.engine.config import EngineRole
+from cascade.engine.manager import EngineManager
+from cascade.metrics import Metrics
+from cascade.settings import Settings
+
+if TYPE_CHECKING:
+    from vllm import RequestOutput, SamplingParams
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+Kind = Literal["chat", "completion"]
+
+
+@dataclass
+class Choice:
+    """One choice being assembled from engine deltas."""
+
+    text: str = ""
+    tokens: int = 0
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Plan:
+    """What to run: prompts (token ids), engine role and parameters, and how to report it."""
+
+    kind: Kind
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int
+    stream: bool
+    include_usage: bool
+    top_logprobs: int | None
+    role: EngineRole = EngineRole.MAIN
+    usage_details: Callable[[], dict[str, Any] | None] = lambda: None
+
+
+def _top_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _logprob_entries(completion: Any, top_n: int | None) -> list[dict[str, Any]]:
+    """OpenAI per-token entries; vLLM's dict holds the top ``top_n`` plus the sampled token."""
+    if top_n is None or completion.logprobs is None:
+        return []
+    entries = []
+    for token_id, logprobs in zip(completion.token_ids, completion.logprobs, strict=False):
+        chosen = logprobs[token_id]
+        best = sorted(logprobs.values(), key=lambda lp: -lp.logprob)[:top_n]
+        entry = _top_entry(chosen.decoded_token or "", chosen.logprob)
+        entry["top_logprobs"] = [_top_entry(lp.decoded_token or "", lp.logprob) for lp in best]
+        entries.append(entry)
+    return entries
+
+
+def _render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int) -> dict[str, Any]:
+    if kind == "chat":
+        return {"content": entries}
+    offsets, pos = [], text_offset
+    for entry in entries:
+        offsets.append(pos)
+        pos += len(entry["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}
+    if details:
+        usage["completion_tokens_details"] = details
+    return usage
+
+
+def _engine_streams(engines: EngineManager, plan: Plan, rid: str) -> list[AsyncIterator[RequestOutput]]:
+    return [engines.generate(prompt, plan.params, f"{rid}-{i}", plan.role) for i, prompt in enumerate(plan.prompts)]
+
+
+async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice]:
+    choices: dict[int, Choice] = {}
+    async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
+        for completion in output.outputs:
+            choice = choices.setdefault(prompt_index * plan.n + completion.index, Choice())
+            choice.text += completion.text
+            choice.tokens += len(completion.token_ids)
+            choice.logprobs += _logprob_entries(completion, plan.top_logprobs)
+            choice.finish_reason = completion.finish_reason or choice.finish_reason
+    return choices
+
+
+def _envelope(kind: Kind, rid: str, model: str, chunk: bool) -> dict[str, Any]:
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    obj = {"chat": "chat.completion", "completion": "text_completion"}[kind]
+    if chunk and kind == "chat":
+        obj += ".chunk"
+    return {"id": f"{prefix}-{rid}", "object": obj, "created": int(time.time()), "model": model}
+
+
+async def _respond(request: Request, plan: Plan, settings: Settings, engines: EngineManager,
+                   metrics: Metrics) -> JSONResponse | StreamingResponse:
+    rid = request_id(request)
+    prompt_tokens = sum(len(p) for p in plan.prompts)
+    metrics.prompt_tokens.labels(plan.kind).inc(prompt_tokens)
+    if plan.stream:
+        return StreamingResponse(_stream(plan, rid, settings, engines, metrics, prompt_tokens),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    started = time.monotonic()
+    choices = await until_disconnect(request, lambda: _run(engines, plan, rid))
+    metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
+    completion_tokens = sum(c.tokens for c in choices.values())
+    metrics.completion_tokens.labels(plan.kind).inc(completion_tokens)
+    body = _envelope(plan.kind, rid, settings.model_name, chunk=False)
+    rendered = []
+    for index in sorted(choices):
+        choice = choices[index]
+        logprobs = _render_logprobs(plan.kind, choice.logprobs, 0) if plan.top_logprobs is not None else None
+        if plan.kind == "chat":
+            rendered.append({"index": index, "message": {"role": "assistant", "content": choice.text},
+                             "logprobs": logprobs, "finish_reason": choice.finish_reason})
+        else:
+            rendered.append({"index": index, "text": choice.text, "logprobs": logprobs,
+                             "finish_reason": choice.finish_reason})
+    body["choices"] = rendered
+    body["usage"] = _usage(prompt_tokens, completion_tokens, plan.usage_details())
+    return JSONResponse(body)
+
+
+async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManager, metrics: Metrics,
+                  prompt_tokens: int) -> AsyncIterator[bytes]:
+    started = time.monotonic()
+    first = True
+    completion_tokens = 0
+    text_offsets: dict[int, int] = {}
+    announced: set[int] = set()
+    try:
+        async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
+            for completion in output.outputs:
+                index = prompt_index * plan.n + completion.index
+                if first:
+                    metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
+                    first = False
+                completion_tokens += len(completion.token_ids)
+                metrics.completion_tokens.labels(plan.kind).inc(len(completion.token_ids))
+                entries = _logprob_entries(completion, plan.top_logprobs)
+                logprobs = None
+                if plan.top_logprobs is not None:
+                    logprobs = _render_logprobs(plan.kind, entries, text_offsets.get(index, 0))
+                text_offsets[index] = text_offsets.get(index, 0) + len(completion.text)
+                chunk = _envelope(plan.kind, rid, settings.model_name, chunk=True)
+                if plan.kind == "chat":
+                    delta: dict[str, Any] = {"content": completion.text}
+                    if index not in announced:
+                        announced.add(index)
+                        delta["role"] = "assistant"
+                    body = {"index": index, "delta": delta, "logprobs": logprobs,
+                            "finish_reason": completion.finish_reason}
+                else:
+                    body = {"index": index, "text": completion.text, "logprobs": logprobs,
+                            "finish_reason": completion.finish_reason}
+                chunk["choices"] = [body]
+                if plan.include_usage:
+                    chunk["usage"] = None
+                yield sse_data(chunk)
+        if plan.include_usage:
+            chunk = _envelope(plan.kind, rid, settings.model_name, chunk=True)
+            chunk["choices"] = []
+            chunk["usage"] = _usage(prompt_tokens, completion_tokens, plan.usage_details())
+            yield sse_data(chunk)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        yield sse_data(error_payload(exc))
+    yield SSE_DONE
+
+
+async def _tokenize(engines: EngineManager, text: str) -> list[int]:
+    tokenizer = engines.tokenizer
+    if len(text) > 10_000:
+        ids = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    return list(ids)
+
+
+def _check_token_ids(ids: list[int], vocab_size: int) -> list[int]:
+    if not ids:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise APIError(400, f"prompt token ids must be in 0..{vocab_size - 1}", param="prompt")
+    return ids
+
+
+async def completion_prompts(engines: EngineManager, prompt: CompletionRequest | Any) -> list[list[int]]:
+    """Every accepted prompt form (text, texts, ids, lists of ids) as token id lists."""
+    vocab = len(engines.tokenizer)
+    value = prompt.prompt
+    if isinstance(value, str):
+        return [_check_token_ids(await _tokenize(engines, value), vocab)]
+    if not value:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    if all(isinstance(v, int) for v in value):
+        return [_check_token_ids(list(value), vocab)]
+    if len(value) > 64:
+        raise APIError(400, "at most 64 prompts per request", param="prompt")
+    out = []
+    for item in value:
+        ids = await _tokenize(engines, item) if isinstance(item, str) else list(item)
+        out.append(_check_token_ids(ids, vocab))
+    return out
+
+
+async def chat_prompt(engines: EngineManager, request: ChatCompletionRequest) -> list[int]:
+    """Render messages with the model's chat template, then tokenise."""
+    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+    try:
+        text = engines.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:
+        raise APIError(400, f"messages could not be rendered with the model's chat template: {exc}",
+                       param="messages") from None
+    return _check_token_ids(await _tokenize(engines, str(text)), len(engines.tokenizer))
+
+
+def _stream_flags(request: SamplingFields) -> tuple[bool, bool]:
+    include_usage = bool(request.stream and request.stream_options and request.stream_options.include_usage)
+    return request.stream, include_usage
+
+
+@router.get("/models")
+async def list_models(settings: Settings = Depends(get_settings),
+                      engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": settings.model_name, "object": "model",
+                                        "created": int(engines.started_at), "owned_by": "cascade",
+                                        "max_model_len": settings.max_model_len}]}
+
+
+@router.post("/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request, settings: Settings = Depends(get_settings),
+                      engines: EngineManager = Depends(get_engines),
+                      metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
+    check_model(body.model, settings)
+    unsupported_fields(body)
+    engines.engine()
+    prompts = await completion_prompts(engines, body)
+    if body.max_tokens == 0:
+        raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
+    max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)
+    stream, include_usage = _stream_flags(body)
+    params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
+                             vocab_size=len(engines.tokenizer), stream=stream)
+    plan = Plan("completion", prompts, params, body.n, stream, include_usage, body.logprobs)
+    return await _respond(request, plan, settings, engines, metrics)
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           settings: Settings = Depends(get_settings),
+                           engines: EngineManager = Depends(get_engines),
+                           metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
+    check_model(body.model, settings)
+    unsupported_fields(body)
+    engines.engine()
+    prompt = await chat_prompt(engines, body)
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+    stream, include_usage = _stream_flags(body)
+    params = sampling_params(body, max_tokens=max_tokens, logprobs=top, settings=settings,
+                             vocab_size=len(engines.tokenizer), stream=stream)
+    plan = Plan("chat", [prompt], params, body.n, stream, include_usage, top)
+    return await _respond(request, plan, settings, engines, metrics)

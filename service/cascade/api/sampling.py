@@ -1,0 +1,109 @@
+"""OpenAI request fields → vLLM ``SamplingParams``, enforcing the service's configured limits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from cascade.settings import Settings
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+
+
+def check_model(requested: str, settings: Settings) -> None:
+    """404 for a model this service does not serve (OpenAI's ``model_not_found``)."""
+    if requested not in (settings.model_name, settings.model):
+        raise APIError(404, f"The model '{requested}' does not exist; this service serves "
+                            f"'{settings.model_name}'", param="model", code="model_not_found")
+
+
+def _stops(request: SamplingFields, settings: Settings) -> list[str]:
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stops) > settings.max_stop_sequences:
+        raise APIError(400, f"At most {settings.max_stop_sequences} stop sequences are allowed",
+                       param="stop")
+    return stops
+
+
+def _logit_bias(request: SamplingFields, vocab_size: int) -> dict[int, float] | None:
+    if not request.logit_bias:
+        return None
+    bias: dict[int, float] = {}
+    for key, value in request.logit_bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise APIError(400, f"logit_bias keys must be token ids, got '{key}'", param="logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise APIError(400, f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})",
+                           param="logit_bias")
+        bias[token] = value
+    return bias
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Settings, param: str) -> int:
+    """The completion budget: what was asked for, bounded by the context window and the limit."""
+    room = settings.max_model_len - prompt_len
+    if room <= 0 or (requested is not None and requested > room):
+        asked = f" plus {requested} completion tokens" if requested is not None else ""
+        raise APIError(400, f"This model's maximum context length is {settings.max_model_len} tokens; the "
+                            f"prompt has {prompt_len} tokens{asked}. Shorten the prompt or lower {param}.",
+                       param=param, code="context_length_exceeded")
+    if requested is not None and requested > settings.max_tokens_limit:
+        raise APIError(400, f"{param} may be at most {settings.max_tokens_limit}", param=param)
+    return requested if requested is not None else min(room, settings.max_tokens_limit)
+
+
+def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
+                    vocab_size: int, stream: bool, extra_args: dict[str, Any] | None = None) -> SamplingParams:
+    """Build the engine's sampling parameters; every range was already checked by the models."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    if request.n > settings.max_n:
+        raise APIError(400, f"n may be at most {settings.max_n}", param="n")
+    if logprobs is not None and logprobs > settings.max_top_logprobs:
+        raise APIError(400, f"logprobs may be at most {settings.max_top_logprobs}", param="logprobs")
+    kwargs: dict[str, Any] = {
+        "n": request.n,
+        "max_tokens": max_tokens,
+        "stop": _stops(request, settings),
+        "seed": request.seed,
+        "logprobs": logprobs,
+        "logit_bias": _logit_bias(request, vocab_size),
+        "ignore_eos": request.ignore_eos,
+        "min_tokens": request.min_tokens,
+        "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        "extra_args": extra_args,
+    }
+    optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
+                "min_p": request.min_p, "presence_penalty": request.presence_penalty,
+                "frequency_penalty": request.frequency_penalty,
+                "repetition_penalty": request.repetition_penalty}
+    kwargs.update({key: value for key, value in optional.items() if value is not None})
+    if kwargs.get("top_k") == 0:
+        kwargs["top_k"] = -1
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise APIError(400, f"Invalid sampling parameters: {exc}") from None
+
+
+def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:
+    """Fields OpenAI defines that this service does not implement get a clear 400, not silence."""
+    if isinstance(request, CompletionRequest):
+        if request.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if request.best_of not in (None, request.n):
+            raise APIError(400, "best_of is not supported", param="best_of")
+        if request.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+    else:
+        if request.tools or request.tool_choice not in (None, "none"):
+            raise APIError(400, "tools are not supported by this model", param="tools")
+        if request.response_format and request.response_format.type != "text":
+            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+    if request.stream_options and not request.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")

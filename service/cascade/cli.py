@@ -1,0 +1,54 @@
+"""``cascade`` command: ``serve`` runs the gateway; client commands come from ``cascade_client``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def serve(argv: list[str]) -> int:
+    """Run the gateway with uvicorn until SIGINT/SIGTERM; engines are shut down on the way out."""
+    import uvicorn
+
+    from cascade.app import create_app
+    from cascade.logging_setup import configure_logging
+    from cascade.settings import load_settings
+
+    settings = load_settings(argv)
+    configure_logging(settings.log_level, settings.log_json)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=int(settings.drain_seconds), access_log=False)
+    server = uvicorn.Server(config)
+    server.run()
+    return int(getattr(app.state, "exit_code", 0))
+
+
+def config_table() -> int:
+    """Print the configuration table (README) from the settings fields."""
+    from cascade.settings import Settings
+
+    print("| env var | flag | default | description |")
+    print("|---|---|---|---|")
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if name == "model":
+            default = "models/pycoder-23m"
+        flag = "--" + name.replace("_", "-")
+        print(f"| `CASCADE_{name.upper()}` | `{flag}` | `{default}` | {field.description or ''} |")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args.pop(0) if args else "--help"
+    if command == "serve":
+        return serve(args)
+    if command == "config-table":
+        return config_table()
+    from cascade_client.cli import main as client_main
+
+    return client_main([command, *args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The vLLM engines Cascade drives and how requests reach them."""

@@ -1,0 +1,33 @@
+"""Prometheus metrics operators watch; one registry per app so tests can build many apps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass
+class Metrics:
+    """Every metric Cascade exports, created against one registry."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter("cascade_http_requests", "HTTP requests", ["route", "method", "status"],
+                                registry=r)
+        self.latency = Histogram("cascade_http_request_duration_seconds", "HTTP request latency", ["route"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.inflight = Gauge("cascade_inflight_requests", "Requests being served", registry=r)
+        self.ttft = Histogram("cascade_time_to_first_token_seconds", "Time to first token", ["endpoint"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("cascade_prompt_tokens", "Prompt tokens processed", ["endpoint"],
+                                     registry=r)
+        self.completion_tokens = Counter("cascade_completion_tokens", "Tokens generated", ["endpoint"],
+                                         registry=r)
+        self.engine_unfinished = Gauge("cascade_engine_unfinished_requests",
+                                       "Requests queued or running in an engine", ["engine"], registry=r)
+        self.engine_ready = Gauge("cascade_engine_ready", "1 when every engine is up", registry=r)

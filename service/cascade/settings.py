@@ -1,0 +1,72 @@
+"""All configuration in one object: env vars (``CASCADE_*``) and ``cascade serve`` CLI flags.
+
+One pydantic-settings class keeps defaults, validation and documentation in a single place; the
+README's configuration table is generated from the same fields (``cascade config-table``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO_ROOT / "models" / "pycoder-23m"
+
+
+class Settings(BaseSettings):
+    """Cascade's configuration. Every field is ``CASCADE_<NAME>`` in the environment and
+    ``--<name>`` (kebab case) on ``cascade serve``."""
+
+    model_config = SettingsConfigDict(env_prefix="CASCADE_", extra="ignore", protected_namespaces=())
+
+    # engine
+    model: str = Field(str(DEFAULT_MODEL), description="Model path or Hugging Face id served by the engine.")
+    served_model_name: str | None = Field(None, description="Name clients send as `model`; default: basename.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights/activation dtype (float32 keeps the CPU codec exact)."
+    )
+    max_model_len: int = Field(1024, ge=16, description="Context length (prompt + completion tokens).")
+    memory_fraction: float = Field(
+        0.3, gt=0.0, le=0.98, description="vLLM gpu_memory_utilization per engine (CPU memory on CPU)."
+    )
+    enforce_eager: bool = Field(True, description="Disable torch.compile/CUDA graphs (fast start).")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism for large models.")
+    engine_seed: int = Field(0, description="Engine-level seed.")
+    max_num_seqs: int = Field(64, ge=1, description="Max sequences the engine batches per step.")
+    # server
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="Bind port.")
+    api_key: SecretStr | None = Field(None, description="If set, every route but /health needs this Bearer key.")
+    cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins (off when empty).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_json: bool = Field(True, description="Structured JSON log lines.")
+    drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, wait this long for in-flight requests.")
+    # limits
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
+    max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens a request may ask for.")
+    max_n: int = Field(8, ge=1, description="Largest `n` (choices per request).")
+    max_concurrent_requests: int = Field(256, ge=1, description="In-flight requests before 429.")
+    max_stop_sequences: int = Field(8, ge=0, description="Largest number of stop strings.")
+    max_top_logprobs: int = Field(20, ge=0, description="Largest top_logprobs / logprobs.")
+
+    @model_validator(mode="after")
+    def _default_served_name(self) -> Settings:
+        if not self.served_model_name:
+            self.served_model_name = Path(self.model.rstrip("/")).name
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The public model name (always set after validation)."""
+        return self.served_model_name or Path(self.model).name
+
+
+def load_settings(argv: list[str] | None = None) -> Settings:
+    """Settings from env, overridden by CLI flags when ``argv`` is given."""
+    if argv is None:
+        return Settings()
+    return Settings(_cli_parse_args=argv, _cli_kebab_case=True, _cli_prog_name="cascade serve",
+                    _cli_implicit_flags=True)

@@ -1,0 +1,1 @@
+"""Shared fixtures. The integration service is one real ``cascade serve`` process per test session."""

@@ -1,0 +1,116 @@
+"""Start the real gateway (real vLLM engine on the CPU, default model) once per test session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "test-key-123"
+MODEL = "pycoder-23m"
+
+
+@dataclass
+class Service:
+    """A running gateway and how to reach it."""
+
+    base_url: str
+    api_key: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_service(tmp: Path, extra_args: list[str], env_extra: dict[str, str] | None = None,
+                  timeout: float = 300) -> Service:
+    """Launch ``python -m cascade serve`` and wait for ``/ready``."""
+    port = free_port()
+    log_path = tmp / f"service-{port}.log"
+    env = {**os.environ, "CASCADE_HOME": str(tmp / "home"), **(env_extra or {})}
+    args = [sys.executable, "-m", "cascade", "serve", "--port", str(port), "--api-key", API_KEY, *extra_args]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    service = Service(f"http://127.0.0.1:{port}", API_KEY, process, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"service exited with {process.returncode}:\n{service.log_tail()}")
+        try:
+            if httpx.get(f"{service.base_url}/ready", headers=service.headers, timeout=2).status_code == 200:
+                return service
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_service(service)
+    raise RuntimeError(f"service not ready after {timeout}s:\n{service.log_tail()}")
+
+
+def stop_service(service: Service, timeout: float = 60) -> int:
+    """SIGTERM, then wait; returns the exit code."""
+    if service.process.poll() is None:
+        service.process.send_signal(signal.SIGTERM)
+        try:
+            service.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            service.process.kill()
+            service.process.wait()
+    return int(service.process.returncode)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_service(tmp_path_factory.mktemp("svc"), [])
+    yield svc
+    stop_service(svc)
+
+
+@pytest.fixture(scope="session")
+def openai_client(service: Service):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=service.base_url + "/v1", api_key=service.api_key, max_retries=0, timeout=120)
+
+
+def unfinished_engine_requests(service: Service) -> float:
+    """Sum of ``cascade_engine_unfinished_requests`` over engines, read from ``/metrics``."""
+    text = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("cascade_engine_unfinished_requests{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_until_idle(service: Service, timeout: float = 30) -> float:
+    """Poll until no engine holds a request; returns the last count seen."""
+    deadline = time.monotonic() + timeout
+    count = unfinished_engine_requests(service)
+    while count and time.monotonic() < deadline:
+        time.sleep(0.2)
+        count = unfinished_engine_requests(service)
+    return count
