@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from cascade.api.middleware import sanitize_request_id
 from cascade.settings import Settings, load_settings
 

@@ -100,11 +100,11 @@ class GatewayMiddleware:
                 await self._reply(send_wrapper, 413, f"Request body is larger than the limit of {limit} bytes",
                                   code="body_too_large")
                 return
-            if path.startswith("/v1/") or path in ("/compress", "/decompress"):
-                if self.inflight >= self.settings.max_concurrent_requests:
-                    await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
-                                      code="overloaded", headers={"Retry-After": "1"})
-                    return
+            admitted = path.startswith("/v1/") or path in ("/compress", "/decompress")
+            if admitted and self.inflight >= self.settings.max_concurrent_requests:
+                await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
+                                  code="overloaded", headers={"Retry-After": "1"})
+                return
             received = 0
 
             async def limited_receive() -> Message:

@@ -209,10 +209,9 @@ def _check_token_ids(ids: list[int], vocab_size: int) -> list[int]:
     return ids
 
 
-async def completion_prompts(engines: EngineManager, prompt: CompletionRequest | Any) -> list[list[int]]:
+async def completion_prompts(engines: EngineManager, value: str | list[Any]) -> list[list[int]]:
     """Every accepted prompt form (text, texts, ids, lists of ids) as token id lists."""
     vocab = len(engines.tokenizer)
-    value = prompt.prompt
     if isinstance(value, str):
         return [_check_token_ids(await _tokenize(engines, value), vocab)]
     if not value:
@@ -259,7 +258,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     check_model(body.model, settings)
     unsupported_fields(body)
     engines.engine()
-    prompts = await completion_prompts(engines, body)
+    prompts = await completion_prompts(engines, body.prompt)
     if body.max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
     max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)

@@ -61,14 +61,14 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
         async for item in streams[0]:
             yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, T] | tuple[int, BaseException] | None] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, T] | BaseException | None] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[T]) -> None:
         try:
             async for item in stream:
                 await queue.put((index, item))
         except BaseException as exc:
-            await queue.put((-1, exc))
+            await queue.put(exc)
             raise
         finally:
             await queue.put(None)
@@ -80,12 +80,10 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
             entry = await queue.get()
             if entry is None:
                 remaining -= 1
-                continue
-            index, item = entry
-            if index < 0:
-                assert isinstance(item, BaseException)
-                raise item
-            yield index, item  # type: ignore[misc]
+            elif isinstance(entry, BaseException):
+                raise entry
+            else:
+                yield entry
     finally:
         for task in tasks:
             task.cancel()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from cascade.settings import Settings
 
 
-class EngineRole(str, Enum):
+class EngineRole(StrEnum):
     """Why an engine exists.
 
     ``main`` serves plain generation, the codec, k-CBS and the top-k export: everything that uses
