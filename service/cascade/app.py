@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from cascade import __version__
-from cascade.api import openai_routes, ops_routes
+from cascade.api import kcbs_routes, openai_routes, ops_routes
 from cascade.api.errors import install_error_handlers
 from cascade.api.middleware import GatewayMiddleware
 from cascade.engine.manager import EngineManager
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(kcbs_routes.router)
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],

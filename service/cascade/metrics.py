@@ -30,4 +30,9 @@ class Metrics:
                                          registry=r)
         self.engine_unfinished = Gauge("cascade_engine_unfinished_requests",
                                        "Requests queued or running in an engine", ["engine"], registry=r)
+        self.kcbs_steps = Counter("cascade_kcbs_beam_steps", "k-CBS beam steps run", registry=r)
+        self.accepted_prediction_tokens = Counter("cascade_accepted_prediction_tokens",
+                                                  "Predicted tokens accepted by the engine", registry=r)
+        self.rejected_prediction_tokens = Counter("cascade_rejected_prediction_tokens",
+                                                  "Predicted tokens proposed but rejected", registry=r)
         self.engine_ready = Gauge("cascade_engine_ready", "1 when every engine is up", registry=r)

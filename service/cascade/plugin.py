@@ -1,8 +1,9 @@
 """Cascade's vLLM general plugin: runs in every vLLM process (API, engine core, workers).
 
-It only checks that the installed vLLM is the one Cascade's extensions were written against;
-the extensions themselves (logits processors, the static-text proposer) are passed to the engine
-explicitly so that each engine role gets exactly the ones it needs.
+It checks that the installed vLLM is the one Cascade's extensions were written against, then
+installs the single internal hook Cascade needs (the static-text proposer learning which request
+sits in each batch row). The extensions themselves (logits processors, the proposer class) are
+passed to each engine explicitly, so each engine role gets exactly the ones it needs.
 """
 
 from __future__ import annotations
@@ -33,4 +34,7 @@ def check_vllm_version(version: str | None = None) -> str:
 def register() -> None:
     """Entry point ``vllm.general_plugins: cascade``; safe to call many times."""
     version = check_vllm_version()
+    from cascade.predict.vllm_hook import install_bind_batch_hook
+
+    install_bind_batch_hook()
     logger.debug("cascade plugin loaded on vLLM %s", version)

@@ -36,6 +36,18 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism for large models.")
     engine_seed: int = Field(0, description="Engine-level seed.")
     max_num_seqs: int = Field(64, ge=1, description="Max sequences the engine batches per step.")
+    # predicted outputs
+    enable_predictions: bool = Field(
+        True, description="Run a second engine with the static-text proposer for `prediction` requests."
+    )
+    num_speculative_tokens: int = Field(8, ge=1, le=64, description="Draft tokens proposed per step (K).")
+    predict_memory_fraction: float | None = Field(
+        None, gt=0.0, le=0.98, description="Memory fraction of the prediction engine (default: memory_fraction)."
+    )
+    max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
+    # k-CBS
+    max_kcbs_steps: int = Field(256, ge=1, description="Largest k-CBS suffix length T.")
+    max_kcbs_candidates: int = Field(1024, ge=1, description="Largest k² (candidates per k-CBS step).")
     # server
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=0, le=65535, description="Bind port.")

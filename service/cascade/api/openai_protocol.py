@@ -48,7 +48,27 @@ class SamplingFields(StrictModel):
         return value
 
 
-class CompletionRequest(SamplingFields):
+class Prediction(StrictModel):
+    """OpenAI's predicted output; ``token_ids`` is Cascade's extension for pre-tokenised clients."""
+
+    type: Literal["content"]
+    content: str | list[TextPart] | None = None
+    token_ids: list[int] | None = None
+
+    def text(self) -> str | None:
+        if self.content is None:
+            return None
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class PredictionFields(StrictModel):
+    prediction: Prediction | None = None
+    prediction_mode: Literal["smart", "prefix"] = "smart"
+
+
+class CompletionRequest(SamplingFields, PredictionFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
     logprobs: Annotated[int, Field(ge=0)] | None = None
@@ -81,7 +101,7 @@ class ResponseFormat(StrictModel):
     json_schema: dict[str, object] | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, PredictionFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
-from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from cascade.api.openai_protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from cascade.api.predictions import PredictionUsage, prediction_args
 from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
 from cascade.engine.config import EngineRole
@@ -50,7 +51,11 @@ class Plan:
     include_usage: bool
     top_logprobs: int | None
     role: EngineRole = EngineRole.MAIN
-    usage_details: Callable[[], dict[str, Any] | None] = lambda: None
+    predictions: PredictionUsage = field(default_factory=PredictionUsage)
+
+    def observe(self, completion: Any) -> None:
+        """Collect per-sequence statistics the engine reports on the final output."""
+        self.predictions.add(getattr(completion, "spec_decode_metrics", None))
 
 
 def _top_entry(token: str, logprob: float) -> dict[str, Any]:
@@ -83,12 +88,10 @@ def _render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int
             "text_offset": offsets}
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None) -> dict[str, Any]:
-    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                             "total_tokens": prompt_tokens + completion_tokens}
-    if details:
-        usage["completion_tokens_details"] = details
-    return usage
+def _usage(prompt_tokens: int, completion_tokens: int, plan: Plan) -> dict[str, Any]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": plan.predictions.details()}
 
 
 def _engine_streams(engines: EngineManager, plan: Plan, rid: str) -> list[AsyncIterator[RequestOutput]]:
@@ -104,7 +107,13 @@ async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice
             choice.tokens += len(completion.token_ids)
             choice.logprobs += _logprob_entries(completion, plan.top_logprobs)
             choice.finish_reason = completion.finish_reason or choice.finish_reason
+            plan.observe(completion)
     return choices
+
+
+def _count_predictions(metrics: Metrics, plan: Plan) -> None:
+    metrics.accepted_prediction_tokens.inc(plan.predictions.accepted)
+    metrics.rejected_prediction_tokens.inc(plan.predictions.rejected)
 
 
 def _envelope(kind: Kind, rid: str, model: str, chunk: bool) -> dict[str, Any]:
@@ -128,6 +137,7 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
     completion_tokens = sum(c.tokens for c in choices.values())
     metrics.completion_tokens.labels(plan.kind).inc(completion_tokens)
+    _count_predictions(metrics, plan)
     body = _envelope(plan.kind, rid, settings.model_name, chunk=False)
     rendered = []
     for index in sorted(choices):
@@ -140,7 +150,7 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
             rendered.append({"index": index, "text": choice.text, "logprobs": logprobs,
                              "finish_reason": choice.finish_reason})
     body["choices"] = rendered
-    body["usage"] = _usage(prompt_tokens, completion_tokens, plan.usage_details())
+    body["usage"] = _usage(prompt_tokens, completion_tokens, plan)
     return JSONResponse(body)
 
 
@@ -159,6 +169,7 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
                     first = False
                 completion_tokens += len(completion.token_ids)
+                plan.observe(completion)
                 metrics.completion_tokens.labels(plan.kind).inc(len(completion.token_ids))
                 entries = _logprob_entries(completion, plan.top_logprobs)
                 logprobs = None
@@ -180,10 +191,11 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                 if plan.include_usage:
                     chunk["usage"] = None
                 yield sse_data(chunk)
+        _count_predictions(metrics, plan)
         if plan.include_usage:
             chunk = _envelope(plan.kind, rid, settings.model_name, chunk=True)
             chunk["choices"] = []
-            chunk["usage"] = _usage(prompt_tokens, completion_tokens, plan.usage_details())
+            chunk["usage"] = _usage(prompt_tokens, completion_tokens, plan)
             yield sse_data(chunk)
     except asyncio.CancelledError:
         raise
@@ -227,9 +239,9 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any]) -> 
     return out
 
 
-async def chat_prompt(engines: EngineManager, request: ChatCompletionRequest) -> list[int]:
+async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage]) -> list[int]:
     """Render messages with the model's chat template, then tokenise."""
-    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+    messages = [{"role": m.role, "content": m.text()} for m in chat]
     try:
         text = engines.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as exc:
@@ -263,9 +275,13 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
     max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)
     stream, include_usage = _stream_flags(body)
+    extra = await prediction_args(body, engines, settings)
+    if extra is not None and len(prompts) > 1:
+        raise APIError(400, "prediction is supported with a single prompt only", param="prompt")
     params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
-                             vocab_size=len(engines.tokenizer), stream=stream)
-    plan = Plan("completion", prompts, params, body.n, stream, include_usage, body.logprobs)
+                             vocab_size=len(engines.tokenizer), stream=stream, extra_args=extra)
+    plan = Plan("completion", prompts, params, body.n, stream, include_usage, body.logprobs,
+                role=EngineRole.PREDICT if extra else EngineRole.MAIN)
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -277,14 +293,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     check_model(body.model, settings)
     unsupported_fields(body)
     engines.engine()
-    prompt = await chat_prompt(engines, body)
+    prompt = await chat_prompt_from_messages(engines, body.messages)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param)
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
     stream, include_usage = _stream_flags(body)
+    extra = await prediction_args(body, engines, settings)
     params = sampling_params(body, max_tokens=max_tokens, logprobs=top, settings=settings,
-                             vocab_size=len(engines.tokenizer), stream=stream)
-    plan = Plan("chat", [prompt], params, body.n, stream, include_usage, top)
+                             vocab_size=len(engines.tokenizer), stream=stream, extra_args=extra)
+    plan = Plan("chat", [prompt], params, body.n, stream, include_usage, top,
+                role=EngineRole.PREDICT if extra else EngineRole.MAIN)
     return await _respond(request, plan, settings, engines, metrics)

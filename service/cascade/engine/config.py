@@ -36,4 +36,20 @@ def engine_kwargs(settings: Settings, role: EngineRole) -> dict[str, Any]:
         "enable_log_requests": False,
         "disable_log_stats": True,
     }
+    if role is EngineRole.PREDICT:
+        kwargs["speculative_config"] = {
+            "method": "custom_class",
+            "model": "cascade.predict.vllm_proposer.StaticTextProposer",
+            "num_speculative_tokens": settings.num_speculative_tokens,
+        }
+        kwargs["per_request_spec_decode_metrics"] = "summary"
+        kwargs["gpu_memory_utilization"] = settings.predict_memory_fraction or settings.memory_fraction
     return kwargs
+
+
+def engine_roles(settings: Settings) -> list[EngineRole]:
+    """The engines a configuration runs (one per enabled role)."""
+    roles = [EngineRole.MAIN]
+    if settings.enable_predictions:
+        roles.append(EngineRole.PREDICT)
+    return roles

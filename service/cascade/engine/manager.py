@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cascade.engine.config import EngineRole, engine_kwargs
+from cascade.engine.config import EngineRole, engine_kwargs, engine_roles
 from cascade.engine.fingerprint import model_fingerprint
 from cascade.settings import Settings
 
@@ -42,7 +42,7 @@ class EngineManager:
 
     def roles(self) -> list[EngineRole]:
         """The engine roles this configuration runs."""
-        return [EngineRole.MAIN]
+        return engine_roles(self.settings)
 
     async def start(self) -> None:
         """Start every engine; on failure record why and leave ``ready`` false."""
@@ -55,10 +55,13 @@ class EngineManager:
         try:
             check_vllm_version()
             self.fingerprint = await asyncio.to_thread(model_fingerprint, self.settings.model)
-            for role in self.roles():
+
+            async def start_one(role: EngineRole) -> None:
                 args = AsyncEngineArgs(**engine_kwargs(self.settings, role))
                 self.engines[role] = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
                 logger.info("engine started", extra={"role": role.value, "seconds": time.monotonic() - t0})
+
+            await asyncio.gather(*(start_one(role) for role in self.roles()))
             self._tokenizer = self.engines[EngineRole.MAIN].get_tokenizer()
             self.started_at = time.time()
             self._ready.set()

@@ -1,0 +1,136 @@
+"""``POST /v1/kcbs``: top-k-constrained beam search with probability lower bounds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import Field, model_validator
+
+from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import ChatMessage, StrictModel
+from cascade.api.openai_routes import chat_prompt_from_messages, completion_prompts
+from cascade.api.sampling import check_model
+from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, sse_data, until_disconnect
+from cascade.engine.manager import EngineManager
+from cascade.kcbs import KcbsSearch, KcbsSequence, match_target
+from cascade.kcbs.algorithm import MAX_BEAM_WIDTH
+from cascade.kcbs.engine_driver import run_search
+from cascade.metrics import Metrics
+from cascade.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["kcbs"])
+
+
+class KcbsRequest(StrictModel):
+    model: str
+    prompt: str | list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    beam_width: Annotated[int, Field(ge=1, le=MAX_BEAM_WIDTH)]
+    steps: Annotated[int, Field(ge=1)]
+    final_prune: bool = True
+    eos: Literal["block", "stop"] = "block"
+    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    target: str | list[int] | None = None
+    max_edit_distance: Annotated[int, Field(ge=0)] = 0
+    include_token_ids: bool = True
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> KcbsRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+
+def _sequence(seq: KcbsSequence, tokenizer: Any, include_ids: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"text": tokenizer.decode(list(seq.token_ids)), "score": seq.score,
+                           "probability": seq.probability, "finish_reason": seq.finish_reason}
+    if include_ids:
+        out["token_ids"] = list(seq.token_ids)
+    return out
+
+
+async def _target_ids(body: KcbsRequest, engines: EngineManager) -> list[int] | None:
+    if body.target is None:
+        return None
+    if isinstance(body.target, list):
+        return body.target
+    return list(engines.tokenizer.encode(body.target, add_special_tokens=False))
+
+
+def _result(body: KcbsRequest, search: KcbsSearch, rid: str, settings: Settings, engines: EngineManager,
+            prompt_len: int, target: list[int] | None) -> dict[str, Any]:
+    result = search.result()
+    tokenizer = engines.tokenizer
+    payload: dict[str, Any] = {
+        "id": f"kcbs-{rid}", "object": "kcbs.result", "model": settings.model_name,
+        "sequences": [_sequence(s, tokenizer, body.include_token_ids) for s in result.sequences],
+        "captured_probability": result.captured_probability,
+        "usage": {"prompt_tokens": prompt_len, "steps": result.steps, "rows_evaluated": result.rows_evaluated},
+    }
+    if target is not None:
+        match = match_target(result, target, body.max_edit_distance)
+        payload["target_match"] = {"exact": match.exact, "near_verbatim_probability":
+                                   match.near_verbatim_probability, "matches": match.matches}
+    return payload
+
+
+@router.post("/kcbs", response_model=None)
+async def kcbs(body: KcbsRequest, request: Request, settings: Settings = Depends(get_settings),
+               engines: EngineManager = Depends(get_engines),
+               metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
+    check_model(body.model, settings)
+    engines.engine()
+    if body.prompt is not None:
+        prompt = (await completion_prompts(engines, body.prompt))[0]
+    else:
+        assert body.messages is not None
+        prompt = await chat_prompt_from_messages(engines, body.messages)
+    room = settings.max_model_len - len(prompt)
+    if room < 1:
+        raise APIError(400, f"prompt has {len(prompt)} tokens; the context is {settings.max_model_len}",
+                       param="prompt", code="context_length_exceeded")
+    if body.steps > room:
+        raise APIError(400, f"steps may be at most {room} for this prompt (max_model_len − prompt tokens)",
+                       param="steps")
+    if body.steps > settings.max_kcbs_steps:
+        raise APIError(400, f"steps may be at most {settings.max_kcbs_steps}", param="steps")
+    if body.beam_width ** 2 > settings.max_kcbs_candidates:
+        raise APIError(400, f"beam_width² may be at most {settings.max_kcbs_candidates}", param="beam_width")
+    target = await _target_ids(body, engines)
+    eos_id = engines.tokenizer.eos_token_id
+    search = KcbsSearch(body.beam_width, body.steps, body.final_prune, eos_id, body.eos)
+    rid = request_id(request)
+    metrics.prompt_tokens.labels("kcbs").inc(len(prompt))
+
+    def steps() -> AsyncIterator[KcbsSearch]:
+        return run_search(engines, prompt, search, body.beam_width, eos_id, body.temperature, rid)
+
+    if body.stream:
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                async for state in steps():
+                    metrics.kcbs_steps.inc()
+                    beams = [_sequence(s, engines.tokenizer, body.include_token_ids) for s in state.live_beams()]
+                    yield sse_data({"object": "kcbs.step", "step": state.step, "beams": beams})
+                yield sse_data(_result(body, search, rid, settings, engines, len(prompt), target))
+            except Exception as exc:
+                yield sse_data(error_payload(exc))
+            yield SSE_DONE
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def run() -> None:
+        async for _ in steps():
+            metrics.kcbs_steps.inc()
+
+    await until_disconnect(request, run)
+    payload = _result(body, search, rid, settings, engines, len(prompt), target)
+    if not math.isfinite(payload["captured_probability"]):
+        raise APIError(500, "k-CBS produced a non-finite probability")
+    return JSONResponse(payload)

@@ -1,0 +1,70 @@
+"""OpenAI ``prediction`` → predicted token ids and engine routing; usage accounting from vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest
+from cascade.engine.manager import EngineManager
+from cascade.settings import Settings
+
+
+@dataclass
+class PredictionUsage:
+    """Accepted/rejected prediction tokens summed over a request's sequences (OpenAI's definition:
+    accepted = predicted tokens that appear in the completion, rejected = predicted tokens proposed to
+    the model but not used; both count only what the proposer actually drafted)."""
+
+    accepted: int = 0
+    rejected: int = 0
+
+    def add(self, spec_metrics: Any) -> None:
+        if spec_metrics is None:
+            return
+        accepted = sum(j * count for j, count in enumerate(spec_metrics.histogram))
+        self.accepted += accepted
+        self.rejected += max(0, spec_metrics.num_draft_tokens - accepted)
+
+    def details(self) -> dict[str, int]:
+        return {"reasoning_tokens": 0, "accepted_prediction_tokens": self.accepted,
+                "rejected_prediction_tokens": self.rejected}
+
+
+async def prediction_args(body: ChatCompletionRequest | CompletionRequest, engines: EngineManager,
+                          settings: Settings) -> dict[str, Any] | None:
+    """Validate ``prediction`` and return the engine's ``extra_args``, or None without one."""
+    prediction = body.prediction
+    if prediction is None:
+        return None
+    from cascade.predict.static_text import normalise_newlines
+    from cascade.predict.vllm_proposer import prediction_extra_args
+
+    if not settings.enable_predictions:
+        raise APIError(400, "Predicted outputs are disabled on this server", param="prediction")
+    if body.n != 1:
+        raise APIError(400, "prediction is not supported with n > 1", param="n")
+    if (isinstance(body, ChatCompletionRequest) and body.logprobs) or (
+            isinstance(body, CompletionRequest) and body.logprobs is not None):
+        raise APIError(400, "prediction is not supported together with logprobs", param="logprobs")
+    text = prediction.text()
+    if (text is None) == (prediction.token_ids is None):
+        raise APIError(400, "prediction needs exactly one of 'content' or 'token_ids'", param="prediction")
+    if prediction.token_ids is not None:
+        ids = prediction.token_ids
+        vocab = len(engines.tokenizer)
+        if any(not 0 <= t < vocab for t in ids):
+            raise APIError(400, f"prediction.token_ids must be in 0..{vocab - 1}", param="prediction.token_ids")
+    else:
+        assert text is not None
+        if len(text) > settings.max_prediction_tokens * 32:
+            raise APIError(400, f"prediction is longer than {settings.max_prediction_tokens} tokens",
+                           param="prediction")
+        ids = list(engines.tokenizer.encode(normalise_newlines(text), add_special_tokens=False))
+    if not ids:
+        raise APIError(400, "prediction must not be empty", param="prediction")
+    if len(ids) > settings.max_prediction_tokens:
+        raise APIError(400, f"prediction is longer than {settings.max_prediction_tokens} tokens "
+                            f"({len(ids)})", param="prediction")
+    return prediction_extra_args(ids, body.prediction_mode)

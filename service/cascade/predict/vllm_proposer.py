@@ -1,0 +1,89 @@
+"""vLLM ``custom_class`` speculative proposer that drafts from each request's own prediction.
+
+Per-request state lives here (inside the engine's worker process), keyed by request id and
+created from ``SamplingParams.extra_args["cascade_prediction"]``; the pure algorithm is
+``cascade.predict.static_text.PredictionState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cascade.predict.debug_log import PredictionDebugLog
+from cascade.predict.static_text import PredictionState, newline_token_ids
+
+EXTRA_ARGS_KEY = "cascade_prediction"
+
+
+def prediction_extra_args(token_ids: Sequence[int], mode: str) -> dict[str, Any]:
+    """What the gateway puts into ``SamplingParams.extra_args`` for a request with a prediction."""
+    return {EXTRA_ARGS_KEY: {"ids": list(token_ids), "mode": mode}}
+
+
+class StaticTextProposer:
+    """Drafts the next ≤ K predicted tokens for every row whose request carries a prediction."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        from vllm.tokenizers import get_tokenizer
+
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        model_config = vllm_config.model_config
+        tokenizer = get_tokenizer(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
+        vocab = range(len(tokenizer))
+        self.newline_ids = newline_token_ids((i, tokenizer.decode([i])) for i in vocab)
+        self.states: dict[str, PredictionState] = {}
+        self.logs: dict[str, PredictionDebugLog] = {}
+        self._rows: list[str] = []
+        self._requests: Mapping[str, Any] = {}
+
+    def bind_batch(self, req_ids: list[str], requests: Mapping[str, Any]) -> None:
+        """Called by the hook before each ``propose``: row → request id, and live requests."""
+        self._rows = req_ids
+        self._requests = requests
+
+    def _state(self, req_id: str) -> PredictionState | None:
+        state = self.states.get(req_id)
+        if state is not None:
+            return state
+        request = self._requests.get(req_id)
+        params = getattr(request, "sampling_params", None)
+        spec = (getattr(params, "extra_args", None) or {}).get(EXTRA_ARGS_KEY)
+        if not spec:
+            return None
+        state = PredictionState(spec["ids"], self.newline_ids, mode=spec.get("mode", "smart"))
+        self.states[req_id] = state
+        log = PredictionDebugLog.open(req_id)
+        if log is not None:
+            self.logs[req_id] = log
+        return state
+
+    def _forget_finished(self) -> None:
+        for req_id in [r for r in self.states if r not in self._requests]:
+            del self.states[req_id]
+            log = self.logs.pop(req_id, None)
+            if log is not None:
+                log.close()
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list[list[int]]:
+        self._forget_finished()
+        drafts: list[list[int]] = []
+        for row, sampled in enumerate(sampled_token_ids):
+            req_id = self._rows[row] if row < len(self._rows) else None
+            state = self._state(req_id) if req_id is not None else None
+            if state is None or not sampled:
+                drafts.append([])
+                continue
+            state.observe(list(sampled))
+            room = self.max_model_len - int(num_tokens_no_spec[row]) - 1
+            draft = state.propose(max(0, min(self.k, room)))
+            drafts.append(draft)
+            log = self.logs.get(req_id) if req_id is not None else None
+            if log is not None:
+                log.write({"sampled": list(sampled), "draft": draft, **state.snapshot()})
+        return drafts
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to load: the drafts come from the request's own text."""
