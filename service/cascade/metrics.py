@@ -35,4 +35,14 @@ class Metrics:
                                                   "Predicted tokens accepted by the engine", registry=r)
         self.rejected_prediction_tokens = Counter("cascade_rejected_prediction_tokens",
                                                   "Predicted tokens proposed but rejected", registry=r)
+        self.codec_tokens = Counter("cascade_codec_tokens", "Tokens coded by the codec", ["direction"],
+                                    registry=r)
+        self.codec_bits = Counter("cascade_codec_bits", "Bits the codec emitted for coded tokens", registry=r)
+        self.codec_bytes_in = Counter("cascade_codec_input_bytes", "Bytes given to /compress", registry=r)
+        self.codec_bytes_out = Counter("cascade_codec_output_bytes", "Container bytes produced", registry=r)
+        self.codec_errors = Counter("cascade_codec_errors", "Codec requests that failed", ["kind"], registry=r)
+        self.codec_bits_per_token = Histogram("cascade_codec_bits_per_token", "Bits per token of a compress call",
+                                              buckets=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self.codec_ratio = Histogram("cascade_codec_compression_ratio", "Input bytes / container bytes",
+                                     buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self.engine_ready = Gauge("cascade_engine_ready", "1 when every engine is up", registry=r)
