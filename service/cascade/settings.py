@@ -45,6 +45,20 @@ class Settings(BaseSettings):
         None, gt=0.0, le=0.98, description="Memory fraction of the prediction engine (default: memory_fraction)."
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
+    # codec
+    enable_codec: bool = Field(True, description="Run the codec engine (/compress, /decompress).")
+    codec_memory_fraction: float = Field(0.15, gt=0.0, le=0.98, description="Memory fraction of the codec engine.")
+    codec_max_num_seqs: int = Field(
+        1, ge=1, description="Codec engine batch size. 1 keeps every step's shapes fixed (exact on CPU); "
+        "raise it only where the self-test proves batch invariance (GPU with VLLM_BATCH_INVARIANT=1)."
+    )
+    codec_top_k: int = Field(64, ge=1, le=1024, description="Default top-k of the codec distribution.")
+    codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")
+    codec_segment_tokens: int = Field(768, ge=16, description="Default largest segment, in tokens.")
+    codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
+    codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")
+    codec_selftest: bool = Field(True, description="Round-trip a sample through the engine at startup.")
+    codec_selftest_fault: bool = Field(False, description="Testing only: corrupt the self-test on purpose.")
     # k-CBS
     max_kcbs_steps: int = Field(256, ge=1, description="Largest k-CBS suffix length T.")
     max_kcbs_candidates: int = Field(1024, ge=1, description="Largest k² (candidates per k-CBS step).")

@@ -11,13 +11,15 @@ from cascade.settings import Settings
 class EngineRole(StrEnum):
     """Why an engine exists.
 
-    ``main`` serves plain generation, the codec, k-CBS and the top-k export: everything that uses
-    logits processors, which vLLM refuses together with speculative decoding. ``predict`` runs the
-    static-text speculative proposer for requests that carry a ``prediction``.
+    ``main`` serves plain generation and k-CBS. ``predict`` runs the static-text speculative
+    proposer for requests that carry a ``prediction`` (vLLM refuses logits processors there).
+    ``codec`` runs the codec's logits processor with a fixed batch shape, so the encoder and the
+    decoder see bit-identical distributions.
     """
 
     MAIN = "main"
     PREDICT = "predict"
+    CODEC = "codec"
 
 
 def engine_kwargs(settings: Settings, role: EngineRole) -> dict[str, Any]:
@@ -44,6 +46,10 @@ def engine_kwargs(settings: Settings, role: EngineRole) -> dict[str, Any]:
         }
         kwargs["per_request_spec_decode_metrics"] = "summary"
         kwargs["gpu_memory_utilization"] = settings.predict_memory_fraction or settings.memory_fraction
+    if role is EngineRole.CODEC:
+        kwargs["max_num_seqs"] = settings.codec_max_num_seqs
+        kwargs["gpu_memory_utilization"] = settings.codec_memory_fraction
+        kwargs["enable_prefix_caching"] = False
     return kwargs
 
 
@@ -52,4 +58,6 @@ def engine_roles(settings: Settings) -> list[EngineRole]:
     roles = [EngineRole.MAIN]
     if settings.enable_predictions:
         roles.append(EngineRole.PREDICT)
+    if settings.enable_codec:
+        roles.append(EngineRole.CODEC)
     return roles
