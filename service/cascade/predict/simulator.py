@@ -1,0 +1,55 @@
+"""Offline replay of the engine's accept-then-advance rule for greedy decoding (no engine).
+
+Each step the proposer drafts ≤ k tokens; the "engine" accepts the longest prefix that matches the
+target continuation and then emits the next target token itself. Used by tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cascade.predict.aligner import Aligner
+from cascade.predict.static_text import Mode, PredictionState
+
+
+@dataclass
+class SimulationResult:
+    tokens: list[int]
+    accepted_per_step: list[int] = field(default_factory=list)
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.accepted_per_step)
+
+    @property
+    def rejected(self) -> int:
+        return self.proposed - self.accepted
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.tokens) / self.steps if self.steps else 0.0
+
+
+def simulate(target: Sequence[int], prediction: Sequence[int], newline_ids: frozenset[int], k: int,
+             mode: Mode = "smart", aligner: Aligner | None = None) -> SimulationResult:
+    """Generate ``target`` with drafts from ``prediction``; the output is always ``target`` itself."""
+    state = PredictionState(prediction, newline_ids, mode=mode, aligner=aligner)
+    result = SimulationResult(tokens=[])
+    draft: list[int] = []
+    while len(result.tokens) < len(target):
+        position = len(result.tokens)
+        accepted = 0
+        while (accepted < len(draft) and position + accepted < len(target)
+               and draft[accepted] == target[position + accepted]):
+            accepted += 1
+        step_tokens = list(target[position:position + accepted + 1])
+        result.tokens += step_tokens
+        result.accepted_per_step.append(accepted)
+        state.observe(step_tokens)
+        draft = state.propose(k) if len(result.tokens) < len(target) else []
+    result.proposed = state.proposed
+    result.accepted = state.accepted
+    return result

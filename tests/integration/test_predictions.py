@@ -1,0 +1,113 @@
+"""Predicted outputs through the OpenAI SDK: same text as without, usage fields, validation."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import MODEL, Service
+
+PROMPT = "import os\n\ndef "
+
+
+def _greedy(client: openai.OpenAI, max_tokens: int = 60, **kwargs: object) -> openai.types.Completion:
+    return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                                     **kwargs)  # type: ignore[arg-type]
+
+
+def test_exact_prediction_is_accepted_and_changes_no_text(openai_client) -> None:
+    plain = _greedy(openai_client)
+    text = plain.choices[0].text
+    predicted = _greedy(openai_client, extra_body={"prediction": {"type": "content", "content": text}})
+    assert predicted.choices[0].text == text
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0.6 * predicted.usage.completion_tokens
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens <= \
+        len(text) + predicted.usage.completion_tokens
+    assert details.accepted_prediction_tokens <= predicted.usage.completion_tokens
+
+
+def test_edited_prediction_reanchors_and_keeps_text(openai_client) -> None:
+    text = _greedy(openai_client, max_tokens=80).choices[0].text
+    lines = text.split("\n")
+    edited = "\n".join([lines[0], "    # an inserted line that the model will not write", *lines[1:]])
+    smart = _greedy(openai_client, max_tokens=80,
+                    extra_body={"prediction": {"type": "content", "content": edited}})
+    prefix = _greedy(openai_client, max_tokens=80,
+                     extra_body={"prediction": {"type": "content", "content": edited}, "prediction_mode": "prefix"})
+    assert smart.choices[0].text == text == prefix.choices[0].text
+    assert (smart.usage.completion_tokens_details.accepted_prediction_tokens
+            > prefix.usage.completion_tokens_details.accepted_prediction_tokens)
+
+
+def test_chat_sdk_prediction_argument_works_unchanged(openai_client) -> None:
+    messages = [{"role": "user", "content": "write a loop"}]
+    plain = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, temperature=0)
+    content = plain.choices[0].message.content
+    predicted = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30,
+                                                      temperature=0,
+                                                      prediction={"type": "content", "content": content})
+    assert predicted.choices[0].message.content == content
+    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def test_streaming_with_prediction_reports_usage(openai_client) -> None:
+    text = _greedy(openai_client, max_tokens=40).choices[0].text
+    chunks = list(openai_client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"prediction": {"type": "content", "content": text}}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def test_seeded_sampling_with_useless_prediction_is_unchanged(openai_client) -> None:
+    kwargs = {"model": MODEL, "prompt": PROMPT, "max_tokens": 30, "temperature": 0.7, "seed": 7}
+    plain = openai_client.completions.create(**kwargs)
+    predicted = openai_client.completions.create(**kwargs, extra_body={
+        "prediction": {"type": "content", "content": "zzz qqq unrelated"}})
+    assert predicted.choices[0].text == plain.choices[0].text
+
+
+def test_token_id_predictions_are_accepted(service: Service, openai_client) -> None:
+    with service.client() as client:
+        first = client.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 20,
+                                                      "temperature": 0, "logprobs": 0}).json()
+    text = first["choices"][0]["text"]
+    plain = _greedy(openai_client, max_tokens=20)
+    assert plain.choices[0].text == text
+    with service.client() as client:
+        tokens = client.post("/v1/kcbs", json={"model": MODEL, "prompt": PROMPT, "beam_width": 1,
+                                               "steps": 20}).json()["sequences"][0]["token_ids"]
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 20, "temperature": 0,
+                                                 "prediction": {"type": "content", "token_ids": tokens}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == text
+    assert r.json()["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 10
+
+
+@pytest.mark.parametrize(
+    ("prediction", "extra"),
+    [({"type": "content", "content": ""}, {}), ({"type": "image", "content": "x"}, {}),
+     ({"type": "content", "content": 5}, {}), ({"type": "content", "content": "x" * 300_000}, {}),
+     ({"type": "content", "content": "x"}, {"n": 2}), ({"type": "content", "content": "x"}, {"logprobs": 1}),
+     ({"type": "content", "content": "x", "token_ids": [1]}, {}),
+     ({"type": "content", "token_ids": [99999]}, {})],
+)
+def test_bad_predictions_are_400(service: Service, prediction: dict, extra: dict) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 4,
+                                                 "prediction": prediction, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"]
+
+
+def test_prediction_engine_requests_do_not_leak(service: Service) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "stream": True,
+            "prediction": {"type": "content", "content": "def f():\n    return 1\n" * 20}}
+    with httpx.Client(base_url=service.base_url, headers=service.headers, timeout=60) as client, \
+            client.stream("POST", "/v1/completions", json=body) as response:
+        next(response.iter_lines())
+    from tests.integration.conftest import wait_until_idle
+
+    assert wait_until_idle(service) == 0
