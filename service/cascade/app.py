@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,9 +13,11 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from cascade import __version__
-from cascade.api import kcbs_routes, openai_routes, ops_routes
+from cascade.api import codec_routes, kcbs_routes, openai_routes, ops_routes
 from cascade.api.errors import install_error_handlers
 from cascade.api.middleware import GatewayMiddleware
+from cascade.codec.container import Limits
+from cascade.codec.pipeline import CodecPipeline
 from cascade.engine.manager import EngineManager
 from cascade.metrics import Metrics
 from cascade.settings import Settings
@@ -26,10 +30,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
     engines = EngineManager(settings)
+    codec = CodecPipeline(engines, settings.dtype, settings.max_model_len, settings.codec_max_num_seqs,
+                          Limits(max_segments=settings.codec_max_segments,
+                                 max_total_original=settings.codec_max_output_bytes))
+    if not settings.enable_codec:
+        codec.unavailable_reason = "the codec is disabled on this server (CASCADE_ENABLE_CODEC=false)"
+
+    def fail_fast(reason: str) -> None:
+        """Exit non-zero so a supervisor (Docker, k8s, systemd) restarts the service."""
+        logger.error("stopping the service", extra={"reason": reason})
+        app.state.exit_code = 1
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async def watchdog() -> None:
+        while True:
+            await asyncio.sleep(settings.watchdog_seconds)
+            if engines.engines and any(engine.errored for engine in engines.engines.values()):
+                fail_fast(engines.not_ready_reason())
+                return
+
+    async def start_all() -> None:
+        try:
+            await engines.start()
+        except Exception:
+            fail_fast(engines.not_ready_reason())
+            return
+        app.state.watchdog = asyncio.create_task(watchdog())
+        if settings.enable_codec:
+            if settings.codec_selftest:
+                await codec.self_test(inject_fault=settings.codec_selftest_fault)
+            else:
+                codec.unavailable_reason = None
+            if codec.unavailable_reason:
+                logger.error("codec self-test failed", extra={"reason": codec.unavailable_reason})
+        app.state.started.set()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        start = asyncio.create_task(engines.start())
+        start = asyncio.create_task(start_all())
         app.state.engine_start = start
         try:
             yield
@@ -37,17 +75,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if not start.done():
                 start.cancel()
             await asyncio.gather(start, return_exceptions=True)
+            watch = getattr(app.state, "watchdog", None)
+            if watch is not None:
+                watch.cancel()
             await asyncio.to_thread(engines.shutdown)
             logger.info("engines stopped")
 
     app = FastAPI(title="Cascade", version=__version__, lifespan=lifespan)
+    app.state.exit_code = 0
+    app.state.started = asyncio.Event()
     app.state.settings = settings
     app.state.engines = engines
     app.state.metrics = metrics
+    app.state.codec = codec
     install_error_handlers(app)
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(kcbs_routes.router)
+    app.include_router(codec_routes.router)
     app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],

@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     )
     max_model_len: int = Field(1024, ge=16, description="Context length (prompt + completion tokens).")
     memory_fraction: float = Field(
-        0.3, gt=0.0, le=0.98, description="vLLM gpu_memory_utilization per engine (CPU memory on CPU)."
+        0.12, gt=0.0, le=0.98, description="vLLM gpu_memory_utilization of the main engine (CPU memory on CPU)."
     )
     enforce_eager: bool = Field(True, description="Disable torch.compile/CUDA graphs (fast start).")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism for large models.")
@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
     # codec
     enable_codec: bool = Field(True, description="Run the codec engine (/compress, /decompress).")
-    codec_memory_fraction: float = Field(0.15, gt=0.0, le=0.98, description="Memory fraction of the codec engine.")
+    codec_memory_fraction: float = Field(0.06, gt=0.0, le=0.98, description="Memory fraction of the codec engine.")
     codec_max_num_seqs: int = Field(
         1, ge=1, description="Codec engine batch size. 1 keeps every step's shapes fixed (exact on CPU); "
         "raise it only where the self-test proves batch invariance (GPU with VLLM_BATCH_INVARIANT=1)."
@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")
     codec_segment_tokens: int = Field(768, ge=16, description="Default largest segment, in tokens.")
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
+    codec_max_output_bytes: int = Field(1 << 30, ge=1, description="Largest total output a container may declare.")
     codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")
     codec_selftest: bool = Field(True, description="Round-trip a sample through the engine at startup.")
     codec_selftest_fault: bool = Field(False, description="Testing only: corrupt the self-test on purpose.")
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list, description="Allowed CORS origins (off when empty).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_json: bool = Field(True, description="Structured JSON log lines.")
+    watchdog_seconds: float = Field(2.0, gt=0, description="How often engine liveness is checked.")
     drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, wait this long for in-flight requests.")
     # limits
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
@@ -83,6 +85,11 @@ class Settings(BaseSettings):
         if not self.served_model_name:
             self.served_model_name = Path(self.model.rstrip("/")).name
         return self
+
+    @property
+    def route_body_limits(self) -> dict[str, int]:
+        """Body limits that differ from ``max_body_bytes``, by route prefix."""
+        return {"/compress": self.codec_max_input_bytes, "/decompress": self.codec_max_input_bytes}
 
     @property
     def model_name(self) -> str:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from cascade.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]

@@ -84,7 +84,7 @@ def stop_service(service: Service, timeout: float = 60) -> int:
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = start_service(tmp_path_factory.mktemp("svc"), ["--no-enable-codec"])
+    svc = start_service(tmp_path_factory.mktemp("svc"), [])
     yield svc
     stop_service(svc)
 

@@ -68,6 +68,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"Invalid value for '{param}': {msg}" if param else msg), param
 
 
+def is_engine_failure(exc: BaseException) -> bool:
+    """vLLM's engine-died / generate-failed errors (checked by name: no vLLM import here)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"EngineDeadError", "EngineGenerateError"})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every failure path answers in OpenAI's shape; unexpected errors are 500 without internals."""
 
@@ -91,5 +97,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_engine_failure(exc):
+            return error_response(APIError(503, "The engine failed while serving this request; the service is "
+                                                "restarting", code="engine_unavailable", headers={"Retry-After": "10"}))
         logger.exception("unhandled error", extra={"path": request.url.path})
         return error_response(APIError(500, "Internal server error", code="internal_error"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,11 +21,15 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(engines: EngineManager = Depends(get_engines)) -> JSONResponse:
-    """200 when every engine is up and serving; 503 with the reason otherwise."""
-    if engines.ready:
-        return JSONResponse({"status": "ready", "engines": engines.unfinished_requests()})
-    return JSONResponse(error_body(503, engines.not_ready_reason(), code="engine_unavailable"), status_code=503,
+async def ready(request: Request, engines: EngineManager = Depends(get_engines)) -> JSONResponse:
+    """200 when every engine is up and start-up checks are done; 503 with the reason otherwise.
+    A failed codec self-test does not make the service unready: everything else still serves."""
+    if engines.ready and request.app.state.started.is_set():
+        codec = request.app.state.codec
+        return JSONResponse({"status": "ready", "engines": engines.unfinished_requests(),
+                             "codec": "ok" if codec.unavailable_reason is None else codec.unavailable_reason})
+    reason = engines.not_ready_reason() if not engines.ready else "start-up checks are running"
+    return JSONResponse(error_body(503, reason, code="engine_unavailable"), status_code=503,
                         headers={"Retry-After": "5"})
 
 

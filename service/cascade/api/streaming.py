@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from cascade.api.errors import APIError, error_body
+from cascade.api.errors import APIError, error_body, is_engine_failure
 from cascade.engine.manager import EngineNotReadyError
 
 T = TypeVar("T")
@@ -35,6 +37,8 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
         return error_body(exc.status, exc.message, exc.param, exc.code)
     if isinstance(exc, EngineNotReadyError):
         return error_body(503, str(exc), code="engine_unavailable")
+    if is_engine_failure(exc):
+        return error_body(503, "The engine failed while serving this request", code="engine_unavailable")
     return error_body(500, "Internal server error", code="internal_error")
 
 
@@ -88,3 +92,47 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class BodyThenDisconnectResponse(StreamingResponse):
+    """A streaming response for handlers that keep reading the request body while they answer.
+
+    Starlette's ``StreamingResponse`` listens for the client's disconnect by reading ``receive``
+    from the start, which would steal the body chunks a streaming ``/compress`` still needs. This
+    one waits until the handler has read the whole body (``body_done``) and only then watches for
+    the disconnect, cancelling the stream (and so its engine requests) when the client leaves.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], body_done: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.body_done = body_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stream = asyncio.ensure_future(self.stream_response(send))
+
+        async def watch() -> None:
+            await self.body_done.wait()
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    stream.cancel()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await stream
+        except asyncio.CancelledError:
+            if not stream.cancelled():
+                raise
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+
+async def track_end(stream: AsyncIterator[bytes], done: asyncio.Event) -> AsyncIterator[bytes]:
+    """Pass a body stream through and set ``done`` once it is exhausted (or fails)."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    finally:
+        done.set()

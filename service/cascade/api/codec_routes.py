@@ -1,0 +1,284 @@
+"""``/compress`` and ``/decompress``: validate, pick the body and response forms, stream."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import Field, ValidationError
+
+from cascade.api.deps import get_metrics, get_settings, request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import StrictModel
+from cascade.api.streaming import SSE_HEADERS, BodyThenDisconnectResponse, sse_event, track_end
+from cascade.codec.container import ContainerError
+from cascade.codec.pipeline import (
+    CodecPipeline,
+    CodecUnavailableError,
+    CompressOptions,
+    CompressStats,
+    IntegrityError,
+    ModelMismatchError,
+)
+from cascade.engine.manager import EngineNotReadyError
+from cascade.metrics import Metrics
+from cascade.settings import Settings
+
+router = APIRouter(tags=["codec"])
+OCTET = "application/octet-stream"
+
+
+class CompressParams(StrictModel):
+    model: str | None = None
+    context: str | None = None
+    precision_bits: Literal[16, 24, 32] | None = None
+    top_k: Annotated[int, Field(ge=1, le=1024)] | None = None
+    segment_tokens: Annotated[int, Field(ge=16)] | None = None
+    verify: bool = False
+
+
+class CompressBody(CompressParams):
+    text: str
+
+
+class DecompressBody(StrictModel):
+    data: str
+    model: str | None = None
+
+
+def get_codec(request: Request) -> CodecPipeline:
+    codec: CodecPipeline = request.app.state.codec
+    return codec
+
+
+def _as_api_error(exc: BaseException) -> APIError:
+    """Codec failures in the OpenAI error shape; bad input is always 4xx."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ModelMismatchError):
+        return APIError(409, str(exc), code="model_mismatch")
+    if isinstance(exc, ContainerError):
+        return APIError(400, str(exc), code=exc.code)
+    if isinstance(exc, IntegrityError):
+        return APIError(422, str(exc), code="checksum_mismatch")
+    if isinstance(exc, CodecUnavailableError | EngineNotReadyError):
+        return APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"})
+    if isinstance(exc, UnicodeDecodeError):
+        return APIError(400, "context must be UTF-8 text", param="context")
+    return APIError(500, "Internal server error", code="internal_error")
+
+
+def _wants_sse(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+def _check_model(model: str | None, settings: Settings) -> None:
+    if model is not None and model not in (settings.model_name, settings.model):
+        raise APIError(404, f"The model '{model}' does not exist; this service serves '{settings.model_name}'",
+                       param="model", code="model_not_found")
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _limited(stream: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in stream:
+        seen += len(chunk)
+        if seen > limit:
+            raise APIError(413, f"input is larger than the limit of {limit} bytes", code="input_too_large")
+        if chunk:
+            yield chunk
+
+
+async def _prime(stream: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator[bytes]]:
+    """Run a stream to its first item so validation errors still become proper 4xx responses."""
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        first = b""
+    except BaseException as exc:
+        raise _as_api_error(exc) from None
+    return first, stream
+
+
+async def _compress_params(request: Request, settings: Settings) -> tuple[CompressParams, AsyncIterator[bytes]]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json":
+        try:
+            body = CompressBody.model_validate_json(await request.body())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise APIError(400, f"Invalid value for '{param}': {first['msg']}", param=param) from None
+        return body, _one(body.text.encode("utf-8"))
+    if content_type in ("text/plain", OCTET, ""):
+        query: dict[str, Any] = dict(request.query_params)
+        if "verify" in query:
+            query["verify"] = query["verify"].lower() in ("1", "true", "yes")
+        for key in ("precision_bits", "top_k", "segment_tokens"):
+            if key in query and query[key].lstrip("-").isdigit():
+                query[key] = int(query[key])
+        try:
+            params = CompressParams.model_validate(query)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise APIError(400, f"Invalid query parameter '{param}': {first['msg']}", param=param) from None
+        return params, request.stream()
+    raise APIError(415, f"unsupported content type '{content_type}': send application/json, text/plain or "
+                        f"{OCTET}", code="unsupported_media_type")
+
+
+@router.post("/compress", response_model=None)
+async def compress(request: Request, settings: Settings = Depends(get_settings),
+                   codec: CodecPipeline = Depends(get_codec),
+                   metrics: Metrics = Depends(get_metrics)) -> Response:
+    params, source = await _compress_params(request, settings)
+    _check_model(params.model, settings)
+    try:
+        codec.check_available()
+    except (CodecUnavailableError, EngineNotReadyError) as exc:
+        raise _as_api_error(exc) from None
+    options = CompressOptions(
+        top_k=params.top_k or settings.codec_top_k,
+        precision_bits=params.precision_bits or settings.codec_precision_bits,
+        segment_tokens=params.segment_tokens or settings.codec_segment_tokens,
+        context=(params.context or "").encode("utf-8"), verify=params.verify)
+    if len(options.context) > 64 * 1024:
+        raise APIError(400, "context may be at most 65536 bytes", param="context")
+    if options.top_k >= codec.vocab_size:
+        raise APIError(400, f"top_k must be below the vocabulary size {codec.vocab_size}", param="top_k")
+    if codec.max_segment_tokens(len(codec.context_tokens(options.context))) < 16:
+        raise APIError(400, "context leaves no room for text in the model's context window", param="context")
+    stats = CompressStats()
+    rid = request_id(request)
+    body_done = asyncio.Event()
+    source = track_end(_limited(source, settings.codec_max_input_bytes), body_done)
+    stream = codec.compress(source, options, stats, rid)
+    header, stream = await _prime(stream)
+
+    def account(failed: BaseException | None) -> None:
+        if failed is not None:
+            metrics.codec_errors.labels(type(failed).__name__).inc()
+            return
+        metrics.codec_tokens.labels("compress").inc(stats.tokens)
+        metrics.codec_bits.inc(stats.payload_bits)
+        metrics.codec_bytes_in.inc(stats.bytes_in)
+        metrics.codec_bytes_out.inc(stats.bytes_out)
+        if stats.tokens:
+            metrics.codec_bits_per_token.observe(stats.payload_bits / stats.tokens)
+        if stats.bytes_out:
+            metrics.codec_ratio.observe(stats.bytes_in / stats.bytes_out)
+
+    if _wants_sse(request):
+        async def events() -> AsyncIterator[bytes]:
+            seq = 0
+            try:
+                for part in [header]:
+                    yield sse_event("chunk", {"seq": seq, "data": base64.b64encode(part).decode()})
+                    seq += 1
+                async for part in stream:
+                    yield sse_event("chunk", {"seq": seq, "data": base64.b64encode(part).decode()})
+                    seq += 1
+                account(None)
+                yield sse_event("done", stats.as_dict())
+            except Exception as exc:
+                account(exc)
+                error = _as_api_error(exc)
+                yield sse_event("error", {"error": {"message": error.message, "type": "codec_error",
+                                                    "param": error.param, "code": error.code}})
+
+        return BodyThenDisconnectResponse(events(), body_done, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def raw() -> AsyncIterator[bytes]:
+        yield header
+        try:
+            async for part in stream:
+                yield part
+            account(None)
+        except Exception as exc:
+            account(exc)
+            raise
+
+    return BodyThenDisconnectResponse(raw(), body_done, media_type=OCTET,
+                                      headers={"Content-Disposition": 'attachment; filename="data.cz"'})
+
+
+async def _container_source(request: Request, settings: Settings) -> AsyncIterator[bytes]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json":
+        try:
+            body = DecompressBody.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise APIError(400, f"Invalid request: {exc.errors()[0]['msg']}", param="data") from None
+        _check_model(body.model, settings)
+        try:
+            data = base64.b64decode(body.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise APIError(400, "data is not valid base64", param="data", code="invalid_base64") from None
+        return _one(data)
+    if content_type in (OCTET, ""):
+        return _limited(request.stream(), settings.codec_max_input_bytes)
+    raise APIError(415, f"unsupported content type '{content_type}': send {OCTET} or application/json",
+                   code="unsupported_media_type")
+
+
+@router.post("/decompress", response_model=None)
+async def decompress(request: Request, settings: Settings = Depends(get_settings),
+                     codec: CodecPipeline = Depends(get_codec), metrics: Metrics = Depends(get_metrics)) -> Response:
+    body_done = asyncio.Event()
+    source = track_end(await _container_source(request, settings), body_done)
+    rid = request_id(request)
+    stream = codec.decompress(source, rid)
+    if not _wants_sse(request):
+        parts: list[bytes] = []
+        try:
+            async for _, data in stream:
+                parts.append(data)
+        except Exception as exc:
+            metrics.codec_errors.labels(type(exc).__name__).inc()
+            raise _as_api_error(exc) from None
+        return Response(b"".join(parts), media_type="text/plain; charset=utf-8")
+
+    async def events() -> AsyncIterator[bytes]:
+        total = segments = 0
+        try:
+            async for index, data in stream:
+                total += len(data)
+                segments += 1
+                try:
+                    payload: dict[str, Any] = {"segment": index, "text": data.decode("utf-8")}
+                except UnicodeDecodeError:
+                    payload = {"segment": index, "data_b64": base64.b64encode(data).decode()}
+                yield sse_event("text", payload)
+            yield sse_event("done", {"segments": segments, "bytes": total, "verified": True})
+        except Exception as exc:
+            metrics.codec_errors.labels(type(exc).__name__).inc()
+            error = _as_api_error(exc)
+            yield sse_event("error", {"error": {"message": error.message, "type": "codec_error",
+                                                "param": error.param, "code": error.code}})
+
+    return BodyThenDisconnectResponse(events(), body_done, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def parse_sse(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """Parse the codec's SSE stream (used by the client and tests)."""
+    events = []
+    for block in text.split("\n\n"):
+        name, data = "message", None
+        for line in block.splitlines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        if data is not None and data != "[DONE]":
+            events.append((name, json.loads(data)))
+    return events

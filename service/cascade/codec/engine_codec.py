@@ -1,0 +1,96 @@
+"""Codec ↔ engine adapter: teacher-forced encoding and bitstream-driven decoding of one segment.
+
+Every segment is conditioned only on ``[</s>] + context`` (the model's document separator, as in
+training, plus the container's optional context), so segments are independent: they encode and
+decode in any order and in parallel, and a damaged segment never poisons the others.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cascade.codec.params import CodecArgs
+from cascade.codec.range_coder import Encoder
+from cascade.codec.topk_coding import encode_next_token
+from cascade.engine.config import EngineRole
+
+if TYPE_CHECKING:
+    from cascade.engine.manager import EngineManager
+
+
+class CodecEngineError(RuntimeError):
+    """The engine did not produce what the codec needs (a bug or a dead engine, never bad input)."""
+
+
+@dataclass(frozen=True)
+class CodedSegment:
+    payload: bytes
+    tokens: int
+    ideal_bits: float
+
+
+def topk_entries(logprobs: dict[int, Any], k: int, forced: int) -> tuple[list[int], list[float]]:
+    """The engine's top-k for one step. vLLM adds the sampled (here: forced) token when it is not in
+    the top-k, so with k+1 entries that token is the extra one."""
+    items = list(logprobs.items())
+    if len(items) > k:
+        items = [(t, lp) for t, lp in items if t != forced]
+    items.sort(key=lambda kv: (-kv[1].logprob, kv[0]))
+    items = items[:k]
+    return [t for t, _ in items], [lp.logprob for _, lp in items]
+
+
+class EngineCodec:
+    """Runs codec requests on the codec engine."""
+
+    def __init__(self, engines: EngineManager, vocab_size: int, separator_id: int) -> None:
+        self.engines = engines
+        self.vocab_size = vocab_size
+        self.separator_id = separator_id
+
+    def prompt(self, context: Sequence[int]) -> list[int]:
+        return [self.separator_id, *context]
+
+    async def encode(self, tokens: Sequence[int], context: Sequence[int], top_k: int, precision_bits: int,
+                     request_id: str) -> CodedSegment:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        args = CodecArgs("force", top_k=top_k, precision_bits=precision_bits, tokens=list(tokens))
+        params = SamplingParams(max_tokens=len(tokens), temperature=0.0, logprobs=top_k, ignore_eos=True,
+                                detokenize=False, output_kind=RequestOutputKind.DELTA,
+                                extra_args=args.to_extra_args())
+        encoder = Encoder()
+        out = bytearray()
+        position = 0
+        ideal = 0.0
+        async for output in self.engines.generate(self.prompt(context), params, request_id, EngineRole.CODEC):
+            completion = output.outputs[0]
+            for token, logprobs in zip(completion.token_ids, completion.logprobs or [], strict=True):
+                if token != tokens[position]:
+                    raise CodecEngineError(f"engine emitted token {token} at {position}, expected {tokens[position]}")
+                ids, values = topk_entries(logprobs, top_k, token)
+                out += encode_next_token(encoder, ids, values, token, self.vocab_size, precision_bits)
+                ideal -= logprobs[token].logprob / 0.6931471805599453
+                position += 1
+        if position != len(tokens):
+            raise CodecEngineError(f"engine stopped after {position} of {len(tokens)} tokens")
+        out += encoder.finish()
+        return CodedSegment(bytes(out), len(tokens), ideal)
+
+    async def decode(self, payload: bytes, n_tokens: int, context: Sequence[int], top_k: int, precision_bits: int,
+                     request_id: str) -> list[int]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        args = CodecArgs("decode", top_k=top_k, precision_bits=precision_bits,
+                         payload_b64=base64.b64encode(payload).decode())
+        params = SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY, extra_args=args.to_extra_args())
+        tokens: list[int] = []
+        async for output in self.engines.generate(self.prompt(context), params, request_id, EngineRole.CODEC):
+            tokens = list(output.outputs[0].token_ids)
+        return tokens

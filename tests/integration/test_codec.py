@@ -1,0 +1,152 @@
+"""/compress and /decompress through HTTP with the real engine: exact round trips, streaming, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import zlib
+
+import httpx
+import pytest
+from cascade.api.codec_routes import parse_sse
+
+from tests.integration.conftest import MODEL, Service, start_service, stop_service
+
+TEXTS = {
+    "python": 'def greet(name):\n    """Say hello."""\n    return f"hello {name}"\n',
+    "crlf_tabs_nul": "a\r\nb\tc\x00d\r\n",
+    "emoji_combining_rtl": "🎉 café ñ e\u0301 שלום مرحبا 𝔘𝔫𝔦\n",
+    "empty": "",
+    "long_line": "x = [" + ", ".join(str(i) for i in range(600)) + "]",
+}
+
+
+def _compress(service: Service, data: bytes, **params: object) -> bytes:
+    with service.client() as client:
+        r = client.post("/compress", content=data, params=params, headers={"content-type": "text/plain"})
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+def _decompress(service: Service, container: bytes) -> httpx.Response:
+    with service.client() as client:
+        return client.post("/decompress", content=container, headers={"content-type": "application/octet-stream"})
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_text_round_trips_byte_exactly(service: Service, name: str) -> None:
+    data = TEXTS[name].encode("utf-8")
+    container = _compress(service, data)
+    r = _decompress(service, container)
+    assert r.status_code == 200, r.text
+    assert r.content == data
+
+
+def test_non_utf8_bytes_round_trip_through_raw_segments(service: Service) -> None:
+    data = b"valid line\n\xff\xfe\x80 not utf-8\n" + bytes(range(256))
+    assert _decompress(service, _compress(service, data)).content == data
+
+
+def test_code_compresses_well_below_its_size(service: Service) -> None:
+    data = (TEXTS["python"] * 10).encode()
+    container = _compress(service, data, precision_bits=24, top_k=32, verify="true")
+    assert len(container) < len(data) / 3
+    assert _decompress(service, container).content == data
+
+
+def test_json_body_sse_stream_and_json_decompress(service: Service) -> None:
+    text = TEXTS["python"]
+    with service.client() as client:
+        r = client.post("/compress", json={"text": text, "context": "# module utils\n", "precision_bits": 16},
+                        headers={"accept": "text/event-stream"})
+        assert r.status_code == 200
+        events = parse_sse(r.text)
+        chunks = [e for name, e in events if name == "chunk"]
+        assert [c["seq"] for c in chunks] == list(range(len(chunks)))
+        done = next(e for name, e in events if name == "done")
+        container = b"".join(base64.b64decode(c["data"]) for c in chunks)
+        assert done["bytes_in"] == len(text.encode()) and done["bytes_out"] == len(container)
+        assert done["tokens"] > 0 and done["bits_per_token"] > 0
+        back = client.post("/decompress", json={"data": base64.b64encode(container).decode()},
+                           headers={"accept": "text/event-stream"})
+        events = parse_sse(back.text)
+        assert "".join(e["text"] for name, e in events if name == "text") == text
+        assert next(e for name, e in events if name == "done")["verified"] is True
+
+
+def _fix_header_crc(container: bytes, header_len: int) -> bytes:
+    body = container[:header_len - 4]
+    return body + struct.pack("<I", zlib.crc32(body)) + container[header_len:]
+
+
+def _header_len(container: bytes) -> int:
+    pos = 4 + 1 + 32 + 1 + 2 + 4
+    pos += 1 + container[pos]
+    (params,) = struct.unpack_from("<H", container, pos)
+    pos += 2 + params
+    (context,) = struct.unpack_from("<I", container, pos)
+    return pos + 4 + context + 4
+
+
+def test_damaged_containers_get_clear_4xx(service: Service) -> None:
+    container = _compress(service, TEXTS["python"].encode())
+    flipped = bytearray(container)
+    flipped[len(container) // 2] ^= 0x01
+    cases = {"truncated": container[:-7], "flipped": bytes(flipped), "garbage": b"hello world",
+             "version": container[:4] + b"\x07" + container[5:], "empty": b""}
+    for name, damaged in cases.items():
+        r = _decompress(service, damaged)
+        assert r.status_code == 400, (name, r.text)
+        assert r.json()["error"]["message"], name
+    other_model = bytearray(container)
+    other_model[5:37] = b"\x01" * 32
+    r = _decompress(service, _fix_header_crc(bytes(other_model), _header_len(container)))
+    assert r.status_code == 409
+    assert "fingerprint" in r.json()["error"]["message"]
+    with service.client() as client:
+        r = client.post("/decompress", json={"data": "%%%not base64"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_base64"
+        r = client.post("/compress", content=b"x", headers={"content-type": "image/png"})
+        assert r.status_code == 415
+        r = client.post("/compress", json={"text": "x", "precision_bits": 12})
+        assert r.status_code == 400
+        r = client.post("/compress", json={"text": "x", "model": "other"})
+        assert r.status_code == 404
+
+
+def test_concurrent_compress_decompress_and_chat_stay_exact(service: Service) -> None:
+    texts = [f"value_{i} = {i} * {i + 1}\nprint(value_{i})\n" for i in range(6)]
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=service.base_url, headers=service.headers, timeout=300) as client:
+            async def round_trip(text: str) -> bytes:
+                c = await client.post("/compress", content=text.encode(), headers={"content-type": "text/plain"})
+                d = await client.post("/decompress", content=c.content,
+                                      headers={"content-type": "application/octet-stream"})
+                return d.content
+
+            async def chat(i: int) -> int:
+                r = await client.post("/v1/chat/completions", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 8})
+                return r.status_code
+
+            results = await asyncio.gather(*(round_trip(t) for t in texts), *(chat(i) for i in range(10)))
+        assert [r for r in results[:6]] == [t.encode() for t in texts]
+        assert results[6:] == [200] * 10
+
+    asyncio.run(main())
+
+
+def test_failed_self_test_makes_codec_answer_503(tmp_path_factory: pytest.TempPathFactory) -> None:
+    svc = start_service(tmp_path_factory.mktemp("faulty"), ["--no-enable-predictions", "--codec-selftest-fault"])
+    try:
+        with svc.client() as client:
+            r = client.post("/compress", json={"text": "hello"})
+            assert r.status_code == 503
+            assert "self-test" in r.json()["error"]["message"]
+            assert r.headers["retry-after"]
+            ok = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+            assert ok.status_code == 200
+    finally:
+        stop_service(svc)
