@@ -6,8 +6,27 @@ import sys
 
 
 def serve(argv: list[str]) -> int:
-    """Run the gateway with uvicorn until SIGINT/SIGTERM; engines are shut down on the way out."""
+    """Run the gateway with uvicorn until SIGINT/SIGTERM; engines are shut down on the way out.
+
+    SIGTERM/SIGINT drain in-flight requests (up to ``drain_seconds``) and exit 0; an engine failure
+    exits 1 so a supervisor restarts the service.
+    """
+    import contextlib
+    from collections.abc import Iterator
+
     import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn re-raises a handled SIGTERM after shutdown (exit status -15); a drained,
+        clean shutdown should exit 0 instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list):
+                    captured.clear()
 
     from cascade.app import create_app
     from cascade.logging_setup import configure_logging
@@ -18,7 +37,7 @@ def serve(argv: list[str]) -> int:
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=int(settings.drain_seconds), access_log=False)
-    server = uvicorn.Server(config)
+    server = GracefulServer(config)
     server.run()
     return int(getattr(app.state, "exit_code", 0))
 

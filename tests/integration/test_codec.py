@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
 import zlib
 
 import httpx
+import psutil
 import pytest
 from cascade.api.codec_routes import parse_sse
 
@@ -148,5 +150,32 @@ def test_failed_self_test_makes_codec_answer_503(tmp_path_factory: pytest.TempPa
             assert r.headers["retry-after"]
             ok = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
             assert ok.status_code == 200
+        children = psutil.Process(svc.process.pid).children(recursive=True)
+        assert children, "engines run in child processes"
     finally:
-        stop_service(svc)
+        code = stop_service(svc)
+    assert code == 0, "SIGTERM is a clean shutdown"
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"orphan engine processes after shutdown: {alive}"
+
+
+def test_sampled_generation_replays_exactly_from_its_code(service: Service) -> None:
+    body = {"model": MODEL, "prompt": "def main():\n", "max_tokens": 40, "temperature": 1.0, "seed": 3,
+            "codec": {"mode": "encode", "precision_bits": 24, "top_k": 16}}
+    with service.client() as client:
+        encoded = client.post("/v1/completions", json=body).json()
+        code = encoded["codec"]
+        assert code["tokens"] == encoded["usage"]["completion_tokens"]
+        replay = client.post("/v1/completions", json={
+            "model": MODEL, "prompt": "def main():\n", "codec": {**code, "mode": "decode"}}).json()
+        assert replay["choices"][0]["text"] == encoded["choices"][0]["text"]
+        streamed = []
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    streamed += chunk.get("codec_chunks", [])
+        assert b"".join(base64.b64decode(c) for c in streamed) == base64.b64decode(code["data"])
+        bad = client.post("/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                   "codec": {"mode": "decode", "data": "@@", "tokens": 3}})
+        assert bad.status_code == 400

@@ -68,6 +68,16 @@ class PredictionFields(StrictModel):
     prediction_mode: Literal["smart", "prefix"] = "smart"
 
 
+class CodecField(StrictModel):
+    """Cascade extension on /v1/completions: code the sampled tokens, or replay them from a code."""
+
+    mode: Literal["encode", "decode"]
+    precision_bits: Literal[16, 24, 32] = 32
+    top_k: Annotated[int, Field(ge=1, le=1024)] = 64
+    data: str | None = None
+    tokens: Annotated[int, Field(ge=1)] | None = None
+
+
 class CompletionRequest(SamplingFields, PredictionFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
@@ -75,6 +85,7 @@ class CompletionRequest(SamplingFields, PredictionFields):
     echo: bool = False
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
+    codec: CodecField | None = None
 
 
 class TextPart(StrictModel):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +19,8 @@ from cascade.api.openai_protocol import ChatCompletionRequest, ChatMessage, Comp
 from cascade.api.predictions import PredictionUsage, prediction_args
 from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
+from cascade.codec.params import CodecArgs
+from cascade.codec.sampling_codec import SamplingEncoder
 from cascade.engine.config import EngineRole
 from cascade.engine.manager import EngineManager
 from cascade.metrics import Metrics
@@ -52,10 +56,12 @@ class Plan:
     top_logprobs: int | None
     role: EngineRole = EngineRole.MAIN
     predictions: PredictionUsage = field(default_factory=PredictionUsage)
+    codec: SamplingEncoder | None = None
 
-    def observe(self, completion: Any) -> None:
-        """Collect per-sequence statistics the engine reports on the final output."""
+    def observe(self, completion: Any) -> list[str]:
+        """Collect per-sequence statistics; returns codec chunks that became final (encode mode)."""
         self.predictions.add(getattr(completion, "spec_decode_metrics", None))
+        return self.codec.observe(completion) if self.codec is not None else []
 
 
 def _top_entry(token: str, logprob: float) -> dict[str, Any]:
@@ -151,6 +157,8 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
                              "finish_reason": choice.finish_reason})
     body["choices"] = rendered
     body["usage"] = _usage(prompt_tokens, completion_tokens, plan)
+    if plan.codec is not None:
+        body["codec"] = plan.codec.summary()
     return JSONResponse(body)
 
 
@@ -169,7 +177,7 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
                     first = False
                 completion_tokens += len(completion.token_ids)
-                plan.observe(completion)
+                codec_chunks = plan.observe(completion)
                 metrics.completion_tokens.labels(plan.kind).inc(len(completion.token_ids))
                 entries = _logprob_entries(completion, plan.top_logprobs)
                 logprobs = None
@@ -188,6 +196,10 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                     body = {"index": index, "text": completion.text, "logprobs": logprobs,
                             "finish_reason": completion.finish_reason}
                 chunk["choices"] = [body]
+                if plan.codec is not None:
+                    chunk["codec_chunks"] = codec_chunks
+                    if completion.finish_reason is not None:
+                        chunk["codec"] = plan.codec.summary()
                 if plan.include_usage:
                     chunk["usage"] = None
                 yield sse_data(chunk)
@@ -278,10 +290,57 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     extra = await prediction_args(body, engines, settings)
     if extra is not None and len(prompts) > 1:
         raise APIError(400, "prediction is supported with a single prompt only", param="prompt")
+    if body.codec is not None:
+        return await _codec_completion(request, body, prompts, settings, engines, metrics)
     params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                              vocab_size=len(engines.tokenizer), stream=stream, extra_args=extra)
     plan = Plan("completion", prompts, params, body.n, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if extra else EngineRole.MAIN)
+    return await _respond(request, plan, settings, engines, metrics)
+
+
+async def _codec_completion(request: Request, body: CompletionRequest, prompts: list[list[int]],
+                            settings: Settings, engines: EngineManager,
+                            metrics: Metrics) -> JSONResponse | StreamingResponse:
+    """``codec: {"mode": "encode"}`` codes the sampled tokens; ``"decode"`` replays them from the code."""
+    codec_field = body.codec
+    assert codec_field is not None
+    if not settings.enable_codec:
+        raise APIError(400, "the codec is disabled on this server", param="codec")
+    if body.prediction is not None or body.n != 1 or len(prompts) != 1 or body.logprobs is not None:
+        raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec")
+    vocab = len(engines.tokenizer)
+    if codec_field.top_k >= vocab:
+        raise APIError(400, f"codec.top_k must be below the vocabulary size {vocab}", param="codec.top_k")
+    stream, include_usage = _stream_flags(body)
+    if codec_field.mode == "encode":
+        if codec_field.data is not None:
+            raise APIError(400, "codec.data is only for mode 'decode'", param="codec.data")
+        max_tokens = resolve_max_tokens(body.max_tokens, len(prompts[0]), settings, "max_tokens")
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=codec_field.top_k, settings=settings,
+                                 vocab_size=vocab, stream=stream)
+        encoder = SamplingEncoder(codec_field.top_k, codec_field.precision_bits, vocab)
+        plan = Plan("completion", prompts, params, 1, stream, include_usage, None, role=EngineRole.CODEC,
+                    codec=encoder)
+        return await _respond(request, plan, settings, engines, metrics)
+    if codec_field.data is None:
+        raise APIError(400, "codec mode 'decode' needs codec.data (base64)", param="codec.data")
+    try:
+        payload = base64.b64decode(codec_field.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, "codec.data is not valid base64", param="codec.data", code="invalid_base64") from None
+    tokens = codec_field.tokens or body.max_tokens
+    if tokens is None:
+        raise APIError(400, "codec mode 'decode' needs codec.tokens", param="codec.tokens")
+    resolve_max_tokens(tokens, len(prompts[0]), settings, "codec.tokens")
+    args = CodecArgs("decode", top_k=codec_field.top_k, precision_bits=codec_field.precision_bits,
+                     payload_b64=base64.b64encode(payload).decode())
+    params = sampling_params(body.model_copy(update={"temperature": 0.0, "seed": None, "stop": None,
+                                                             "logit_bias": None, "min_tokens": 0}),
+                             max_tokens=tokens, logprobs=None, settings=settings, vocab_size=vocab, stream=stream,
+                             extra_args=args.to_extra_args())
+    params.ignore_eos = True
+    plan = Plan("completion", prompts, params, 1, stream, include_usage, None, role=EngineRole.CODEC)
     return await _respond(request, plan, settings, engines, metrics)
 
 
