@@ -1,1 +1,5 @@
-"""Python client for Cascade (sync and async, streaming first)."""
+"""Python client for Cascade (streaming first): ``CascadeClient`` and the ``cascade`` CLI."""
+
+from cascade_client.client import CascadeClient, CascadeError, CompressStats
+
+__all__ = ["CascadeClient", "CascadeError", "CompressStats"]

@@ -52,7 +52,7 @@ class Settings(BaseSettings):
         1, ge=1, description="Codec engine batch size. 1 keeps every step's shapes fixed (exact on CPU); "
         "raise it only where the self-test proves batch invariance (GPU with VLLM_BATCH_INVARIANT=1)."
     )
-    codec_top_k: int = Field(64, ge=1, le=1024, description="Default top-k of the codec distribution.")
+    codec_top_k: int = Field(1024, ge=1, le=1024, description="Default top-k of the codec distribution.")
     codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")
     codec_segment_tokens: int = Field(768, ge=16, description="Default largest segment, in tokens.")
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")

@@ -38,8 +38,7 @@ def sanitize_request_id(value: str | None) -> str:
 
 def body_limit_for(path: str, settings: Settings) -> int:
     """Per-route body limits (the codec takes larger bodies than chat)."""
-    limits: dict[str, int] = getattr(settings, "route_body_limits", {})
-    for prefix, limit in limits.items():
+    for prefix, limit in settings.route_body_limits.items():
         if path.startswith(prefix):
             return limit
     return settings.max_body_bytes

@@ -7,8 +7,9 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cascade.codec.distribution import PRECISIONS
+
 CODEC_EXTRA_ARGS_KEY = "cascade_codec"
-PRECISIONS = (16, 24, 32)
 
 
 class CodecArgsError(ValueError):
