@@ -1,102 +1,74 @@
-"""Top-k log-probabilities → integer frequency table, bit-identical on every machine.
+"""Top-k log-probabilities → integer frequency table, identically on every machine.
 
-The decoder reproduces a token only if it rebuilds *exactly* the encoder's table, so after one
-exactly-rounded float step everything is integer arithmetic on values that do not depend on the
-machine, the BLAS, numpy's SIMD paths or the order the engine listed the top-k in:
+Steps (all after the first are integer-only, so encoder and decoder agree bit for bit whenever
+they are given the same float32 log-probabilities):
 
-1. quantise: ``q = rint(float64(float32(logprob)) · 2**16)`` (exact scaling, IEEE round half to
-   even), clamped to ``[-32·2**16, 0]``; NaN and -inf become the floor, +inf becomes 0;
-2. canonical order: (q descending, token id ascending), so ties and input order cannot matter;
-3. weight ``w = round(2**31 · exp(q / 2**16))`` as a product of two table entries
-   ``HI[-q >> 11] · LO[-q & 2047] >> 31`` (rounded). The tables hold ``round(2**31 · exp(-x))``
-   computed with ``decimal``, which is correctly rounded, so they are the same everywhere;
-4. escape symbol (only when ``k < vocab_size``): weight ``max(1, 2**31 − Σ w)``, the mass the
-   top-k leaves for every other token;
-5. frequencies: each symbol gets 1 (so every codable symbol has a non-empty interval) plus
-   ``floor(w · spare / Σw)`` of the ``spare = 2**P − n`` remaining units; the few units the floors
-   leave go one each to the largest remainders (ties: earlier symbol). The sum is exactly ``2**P``.
+1. quantise each log-probability to ``q = round(logprob · 2**16)`` (exact float arithmetic),
+   clamped to ``[-48·2**16, 0]``;
+2. weight ``w = 2**62 · 2**(-bits)`` with ``bits = -q / ln 2`` computed in fixed point; the
+   fractional power comes from a 4096-entry table built with ``decimal`` (correctly rounded, so
+   the same everywhere);
+3. the escape symbol gets the mass the top-k leaves: ``2**62 − Σ w`` (at least one unit);
+4. frequencies: one unit per symbol, the rest in proportion to the weights (floor), and the
+   rounding remainder goes to the most likely symbol. They sum to exactly ``2**precision_bits``.
 
-Every product stays below 2**63, so numpy's int64 arithmetic is exact.
+Canonical order: (quantised logprob descending, token id ascending), then escape — so ties and the
+order the engine listed the top-k in cannot change the table.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 
 import numpy as np
-import numpy.typing as npt
 
-PRECISIONS = (16, 24, 32)
 Q_BITS = 16
-Q_FLOOR = -(32 << Q_BITS)
-WEIGHT_BITS = 31
-_LO_BITS = 11
-MAX_VOCAB = 1 << 32
+Q_MIN = -48 << Q_BITS
+WEIGHT_BITS = 62
+TABLE_BITS = 12
+LOG2E_Q32 = 6196328019  # round(2**32 / ln 2)
+PRECISIONS = (16, 24, 32)
 
-IntArray = npt.NDArray[np.int64]
 
-
-@functools.cache
-def _exp_tables() -> tuple[IntArray, IntArray]:
-    """``HI[i] = 2**31·exp(-i·2**11 / 2**16)`` and ``LO[j] = 2**31·exp(-j / 2**16)``, correctly rounded."""
+def _pow2_table() -> np.ndarray:
     with localcontext() as ctx:
         ctx.prec = 40
-        one = Decimal(1 << WEIGHT_BITS)
-        scale = Decimal(1 << Q_BITS)
-
-        def entry(x: int) -> int:
-            return int((one * (Decimal(-x) / scale).exp()).to_integral_value())
-
-        hi = [entry(i << _LO_BITS) for i in range((-Q_FLOOR >> _LO_BITS) + 1)]
-        lo = [entry(j) for j in range(1 << _LO_BITS)]
-    return np.array(hi, dtype=np.int64), np.array(lo, dtype=np.int64)
+        scale = Decimal(2) ** WEIGHT_BITS
+        ln2 = Decimal(2).ln()
+        values = [int((scale * (-(ln2 * j) / (1 << TABLE_BITS)).exp()).to_integral_value())
+                  for j in range(1 << TABLE_BITS)]
+    return np.array(values, dtype=np.int64)
 
 
-def quantise(logprobs: Sequence[float] | npt.NDArray[np.floating]) -> IntArray:
-    """Fixed-point log-probabilities in units of 2**-16 nats, clamped to ``[Q_FLOOR, 0]``."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        values = np.asarray(logprobs, dtype=np.float32).astype(np.float64)
-    values = np.nan_to_num(values, nan=-np.inf)
-    scaled = np.clip(values * (1 << Q_BITS), Q_FLOOR, 0)
-    return np.rint(scaled).astype(np.int64)
+_POW2 = _pow2_table()
 
 
-def weights(q: IntArray) -> IntArray:
-    """``round(2**31 · exp(q / 2**16))`` for quantised log-probabilities, integers only."""
-    hi, lo = _exp_tables()
-    x = -q
-    return (hi[x >> _LO_BITS] * lo[x & ((1 << _LO_BITS) - 1)] + (1 << (WEIGHT_BITS - 1))) >> WEIGHT_BITS
+def quantise(logprobs: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Fixed-point log-probabilities (units of 2**-16 nats); NaN and -inf clamp to the floor."""
+    values = np.asarray(logprobs, dtype=np.float64)
+    values = np.nan_to_num(values, nan=-1e9, neginf=-1e9, posinf=0.0)
+    q = np.rint(values * (1 << Q_BITS)).astype(np.int64)
+    return np.clip(q, Q_MIN, 0)
 
 
-def allocate(w: IntArray, total: int) -> IntArray:
-    """Frequencies ≥ 1 summing to ``total``, proportional to ``w`` (each weight ≤ 2**31)."""
-    n = int(w.size)
-    spare = total - n
-    w_sum = int(w.sum())
-    if w_sum == 0:
-        w, w_sum = np.ones(n, dtype=np.int64), n
-    share, remainder = np.divmod(w * spare, w_sum)
-    freqs = share + 1
-    left = spare - int(share.sum())
-    if left:
-        freqs[np.argsort(-remainder, kind="stable")[:left]] += 1
-    return freqs
+def weights(q: np.ndarray) -> np.ndarray:
+    """Integer weights 2**62·exp(q / 2**16), machine independent."""
+    y = (-q * LOG2E_Q32) >> 32
+    whole = y >> Q_BITS
+    frac = (y & ((1 << Q_BITS) - 1)) >> (Q_BITS - TABLE_BITS)
+    w = _POW2[frac] >> np.minimum(whole, 63)
+    return np.where(whole >= WEIGHT_BITS, 0, w)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Distribution:
-    """One position's symbols in canonical order (the top-k tokens, then escape when present).
+    """Symbols in canonical order (top-k tokens, then escape when present) and their CDF."""
 
-    ``cdf`` has ``n + 1`` entries, ``cdf[0] == 0`` and ``cdf[-1] == 2**precision_bits``; symbol ``s``
-    owns ``[cdf[s], cdf[s + 1])``.
-    """
-
-    token_ids: IntArray
-    cdf: IntArray
+    token_ids: np.ndarray
+    cdf: np.ndarray
     escape_index: int | None
     precision_bits: int
 
@@ -104,69 +76,53 @@ class Distribution:
     def total(self) -> int:
         return 1 << self.precision_bits
 
-    @property
-    def frequencies(self) -> IntArray:
-        return np.diff(self.cdf)
-
     def symbol_for_token(self, token_id: int) -> int:
-        """The symbol coding ``token_id``: its top-k slot, else the escape symbol."""
+        """The symbol coding ``token_id`` (the escape symbol when it is outside the top-k)."""
         hits = np.flatnonzero(self.token_ids == token_id)
         if hits.size:
             return int(hits[0])
         if self.escape_index is None:
-            raise ValueError(f"token {token_id} is not in the vocabulary this distribution covers")
+            raise ValueError(f"token {token_id} is not codable under this distribution")
         return self.escape_index
 
     def interval(self, symbol: int) -> tuple[int, int]:
-        """``(low, freq)`` of ``symbol`` out of ``2**precision_bits``."""
         low = int(self.cdf[symbol])
         return low, int(self.cdf[symbol + 1]) - low
 
     def symbol_at(self, target: int) -> int:
-        """The symbol whose interval contains ``0 <= target < 2**precision_bits``."""
         return int(np.searchsorted(self.cdf, target, side="right")) - 1
 
 
-def _validated_ids(token_ids: Sequence[int] | npt.NDArray[np.integer], q: IntArray, vocab_size: int) -> IntArray:
-    ids = np.asarray(token_ids)
-    if ids.ndim != 1 or q.ndim != 1 or ids.size == 0 or ids.size != q.size:
-        raise ValueError(f"need one log-probability per token id and at least one token (got {ids.size} ids, "
-                         f"{q.size} log-probabilities)")
-    if ids.dtype.kind not in "iu":
-        raise ValueError("token ids must be integers")
-    ids = ids.astype(np.int64)
-    ordered = np.sort(ids)
-    if ordered[0] < 0 or ordered[-1] >= vocab_size:
-        raise ValueError(f"token ids must lie in [0, {vocab_size})")
-    if np.any(ordered[1:] == ordered[:-1]):
-        raise ValueError("token ids must be distinct")
-    return ids
-
-
-def build_distribution(token_ids: Sequence[int] | npt.NDArray[np.integer],
-                       logprobs: Sequence[float] | npt.NDArray[np.floating],
+def build_distribution(token_ids: Sequence[int] | np.ndarray, logprobs: Sequence[float] | np.ndarray,
                        vocab_size: int, precision_bits: int) -> Distribution:
-    """The frequency table for one position (the steps are in the module docstring)."""
+    """The frequency table for one position (see module docstring)."""
     if precision_bits not in PRECISIONS:
-        raise ValueError(f"precision_bits must be one of {PRECISIONS}, got {precision_bits}")
-    if not 1 <= vocab_size <= MAX_VOCAB:
-        raise ValueError(f"vocab_size must lie in [1, 2**32], got {vocab_size}")
+        raise ValueError(f"precision_bits must be one of {PRECISIONS}")
+    ids = np.asarray(token_ids, dtype=np.int64)
+    if ids.ndim != 1 or ids.size == 0 or ids.size != len(logprobs):
+        raise ValueError("need one log-probability per token id, at least one token")
+    if np.unique(ids).size != ids.size or ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError("token ids must be distinct and inside the vocabulary")
     q = quantise(logprobs)
-    ids = _validated_ids(token_ids, q, vocab_size)
     order = np.lexsort((ids, -q))
     ids, q = ids[order], q[order]
-    w = weights(q)
+    w = [int(x) for x in weights(q).tolist()]
     escape = ids.size < vocab_size
-    n = ids.size + escape
-    if n > 1 << precision_bits:
-        raise ValueError(f"{n} symbols do not fit {precision_bits}-bit frequencies")
     if escape:
-        w = np.append(w, max(1, (1 << WEIGHT_BITS) - int(w.sum())))
+        w.append(max(1, (1 << WEIGHT_BITS) - sum(w)))
+    n = len(w)
+    total = 1 << precision_bits
+    if n > total:
+        raise ValueError(f"{n} symbols do not fit precision {precision_bits}")
+    spare = total - n
+    w_sum = sum(w)
+    freqs = np.array([1 + (x * spare) // w_sum for x in w] if w_sum > 0 else [1] * n, dtype=np.int64)
+    freqs[0] += total - int(freqs.sum())
     cdf = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(allocate(w, 1 << precision_bits), out=cdf[1:])
+    np.cumsum(freqs, out=cdf[1:])
     return Distribution(ids, cdf, n - 1 if escape else None, precision_bits)
 
 
 def ideal_bits(logprob: float) -> float:
-    """The model's own code length for a token, in bits: the entropy-coding ideal."""
+    """The model's own code length for a token, in bits (the entropy-coding ideal)."""
     return -logprob / math.log(2)
