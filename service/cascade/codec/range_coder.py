@@ -1,13 +1,23 @@
-"""Exact binary arithmetic coder (Nayuki-style), with streaming byte output.
+"""Exact range coder (64-bit state, byte-wise renormalisation, carry propagation), streaming.
 
-A tiny state machine over 64-bit integer state: ``low``/``high`` bound the current interval, each
-symbol narrows it to ``[low + range·cum/total, low + range·(cum+freq)/total)``, and matching top
-bits are shifted out as they become final. Pending "underflow" bits play the role of the carry in
-a range coder. Totals may be any integer up to 2**62, so one stream can mix the model's
-2**precision tables with the uniform fallback over the rest of the vocabulary.
+The encoder's state is the interval ``[low, low + range)`` of the next 64 bits of the code value;
+each symbol ``[cum, cum + freq)`` of ``total`` narrows it to ``r = range // total`` units:
+``low += r·cum; range = r·freq``. Invariants, all easy to check:
 
-The decoder reads zeros past the end of its input: it never blocks or hangs; a truncated stream
-decodes to wrong tokens, which the container's CRC turns into a clear error.
+- after each symbol ``2**56 <= range <= 2**64``, so any ``total <= 2**32`` leaves ``r >= 2**24`` and
+  the truncation costs under 2**-24 of a bit per symbol;
+- when ``range`` drops below 2**56 the top byte of ``low`` leaves the state (``low`` shifts left by 8).
+  ``low`` can overflow 2**64 by one carry, which must still reach bytes already shifted out; as in
+  LZMA's range coder the last such byte (``cache``) and a run of 0xFF bytes after it (``pending``)
+  are held back until a byte that a carry cannot pass proves them final;
+- the code value always lies in ``[0, 1)``, so a carry never needs a byte before the first.
+
+``encode*`` returns the bytes that became final, so a caller can stream them; ``finish`` emits the
+fewest bytes that pin a value inside the last interval (the decoder reads zeros past the end, so
+trailing zeros are never written). Powers of two (the model's ``2**precision_bits`` tables) use a
+shift instead of a division; ``*_with_total`` takes any total up to 2**32 (the uniform fallback over
+the rest of a vocabulary). The decoder never fails and never blocks on a short or corrupt input: it
+reads zeros and stays bounded; the container's CRCs turn that into a clear error.
 """
 
 from __future__ import annotations
@@ -15,119 +25,157 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 STATE_BITS = 64
-FULL = 1 << STATE_BITS
-MASK = FULL - 1
-HALF = FULL >> 1
-QUARTER = HALF >> 1
-MAX_TOTAL = QUARTER + 2
+TOP = 1 << STATE_BITS
+MASK = TOP - 1
+BOTTOM = 1 << (STATE_BITS - 8)
+MAX_TOTAL = 1 << 32
+_TOP_SHIFT = STATE_BITS - 8
+_FF_LOW = 0xFF << _TOP_SHIFT
 
 
-def _check(low: int, freq: int, total: int) -> None:
-    if not (0 < total <= MAX_TOTAL and freq > 0 and low >= 0 and low + freq <= total):
-        raise ValueError(f"invalid interval low={low} freq={freq} total={total}")
+def _invalid(low: int, freq: int, total: int) -> ValueError:
+    return ValueError(f"invalid symbol interval low={low} freq={freq} total={total} (need 0 <= low, "
+                      f"0 < freq, low + freq <= total <= 2**32)")
 
 
 class Encoder:
-    """``encode`` returns the bytes that became final; ``finish`` flushes the rest."""
+    """Single use: ``encode``/``encode_with_total`` per symbol, then ``finish`` once."""
+
+    __slots__ = ("_cache", "_low", "_out", "_pending", "_range")
 
     def __init__(self) -> None:
-        self.low = 0
-        self.high = MASK
-        self.underflow = 0
-        self._bits = 0
-        self._nbits = 0
+        self._low = 0
+        self._range = TOP
+        self._cache = -1
+        self._pending = 0
         self._out = bytearray()
 
-    def _emit(self, bit: int) -> None:
-        self._bits = (self._bits << 1) | bit
-        self._nbits += 1
-        if self._nbits == 8:
-            self._out.append(self._bits)
-            self._bits = 0
-            self._nbits = 0
+    def encode(self, low: int, freq: int, precision_bits: int) -> bytes:
+        """Code ``[low, low + freq)`` out of ``2**precision_bits``; returns the bytes now final."""
+        if not 0 <= low < low + freq <= 1 << precision_bits <= MAX_TOTAL:
+            raise _invalid(low, freq, 1 << precision_bits)
+        r = self._range >> precision_bits
+        self._low += r * low
+        self._range = r * freq
+        return self._normalise() if self._range < BOTTOM else b""
+
+    def encode_with_total(self, low: int, freq: int, total: int) -> bytes:
+        """Code ``[low, low + freq)`` out of any ``total <= 2**32``; returns the bytes now final."""
+        if not 0 <= low < low + freq <= total <= MAX_TOTAL:
+            raise _invalid(low, freq, total)
+        r = self._range // total
+        self._low += r * low
+        self._range = r * freq
+        return self._normalise() if self._range < BOTTOM else b""
+
+    def finish(self) -> bytes:
+        """Flush: pick the value in ``[low, low + range)`` with the fewest significant bytes."""
+        low = self._low
+        value = -(-low // TOP) * TOP
+        if value >= low + self._range:
+            value = -(-low // BOTTOM) * BOTTOM
+        self._low = value
+        self._shift()
+        self._shift()
+        self._range = TOP
+        return bytes(self._take().rstrip(b"\0"))
+
+    def _normalise(self) -> bytes:
+        while self._range < BOTTOM:
+            self._shift()
+            self._range <<= 8
+        return self._take()
+
+    def _shift(self) -> None:
+        """Move the top byte of ``low`` out, resolving the held bytes when a carry is decided."""
+        low = self._low
+        if low < _FF_LOW or low >= TOP:
+            carry = low >> STATE_BITS
+            if self._cache >= 0:
+                self._out.append(self._cache + carry)
+            if self._pending:
+                self._out += bytes([(0xFF + carry) & 0xFF]) * self._pending
+                self._pending = 0
+            self._cache = (low >> _TOP_SHIFT) & 0xFF
+        else:
+            self._pending += 1
+        self._low = (low << 8) & MASK
 
     def _take(self) -> bytes:
+        if not self._out:
+            return b""
         out = bytes(self._out)
         self._out.clear()
         return out
 
-    def encode(self, low: int, freq: int, total: int) -> bytes:
-        """Narrow the interval to symbol ``[low, low+freq)`` out of ``total``."""
-        _check(low, freq, total)
-        span = self.high - self.low + 1
-        self.high = self.low + (low + freq) * span // total - 1
-        self.low = self.low + low * span // total
-        while ((self.low ^ self.high) & HALF) == 0:
-            bit = self.low >> (STATE_BITS - 1)
-            self._emit(bit)
-            for _ in range(self.underflow):
-                self._emit(bit ^ 1)
-            self.underflow = 0
-            self.low = (self.low << 1) & MASK
-            self.high = ((self.high << 1) & MASK) | 1
-        while (self.low & ~self.high & QUARTER) != 0:
-            self.underflow += 1
-            self.low = (self.low << 1) ^ HALF
-            self.high = ((self.high ^ HALF) << 1) | HALF | 1
-        return self._take() if self._out else b""
-
-    def finish(self) -> bytes:
-        """One more bit selects a point inside the final interval; pad to a byte boundary."""
-        self._emit(1)
-        while self._nbits:
-            self._emit(0)
-        return self._take()
-
 
 class Decoder:
-    """Mirrors ``Encoder``; ``source`` is bytes or an iterable of byte chunks."""
+    """Mirrors ``Encoder``. ``source``: the whole stream, or an iterable of chunks pulled as needed.
 
-    def __init__(self, source: bytes | Iterable[bytes]) -> None:
-        self._chunks: Iterator[bytes] = iter([source]) if isinstance(source, bytes | bytearray) else iter(source)
-        self._buf = b""
+    Per symbol: ``decode_target`` gives a cumulative frequency, the caller finds the symbol whose
+    interval contains it, and ``consume`` advances past that interval (same totals as the encoder).
+    """
+
+    __slots__ = ("_buf", "_chunks", "_code", "_pos", "_range", "padded_bytes")
+
+    def __init__(self, source: bytes | bytearray | memoryview | Iterable[bytes]) -> None:
+        self._chunks: Iterator[bytes]
+        if isinstance(source, bytes | bytearray | memoryview):
+            self._buf, self._chunks = bytes(source), iter(())
+        else:
+            self._buf, self._chunks = b"", iter(source)
         self._pos = 0
-        self._bit = 8
-        self._byte = 0
-        self.low = 0
-        self.high = MASK
-        self.code = 0
-        self.bits_read = 0
-        for _ in range(STATE_BITS):
-            self.code = (self.code << 1) | self._read_bit()
+        self.padded_bytes = 0
+        self._range = TOP
+        self._code = 0
+        for _ in range(STATE_BITS // 8):
+            self._code = (self._code << 8) | self._next_byte()
 
-    def _read_bit(self) -> int:
-        if self._bit == 8:
-            while self._pos >= len(self._buf):
-                chunk = next(self._chunks, None)
-                if chunk is None:
-                    self._byte = 0
-                    break
-                self._buf, self._pos = bytes(chunk), 0
-            else:
-                self._byte = self._buf[self._pos]
-                self._pos += 1
-            self._bit = 0
-        self._bit += 1
-        self.bits_read += 1
-        return (self._byte >> (8 - self._bit)) & 1
+    def decode_target(self, precision_bits: int) -> int:
+        """The cumulative frequency (out of ``2**precision_bits``) inside the next symbol's interval."""
+        total = 1 << precision_bits
+        if total > MAX_TOTAL:
+            raise _invalid(0, 1, total)
+        target = self._code // (self._range >> precision_bits)
+        return target if target < total else total - 1
 
-    def target(self, total: int) -> int:
-        """The cumulative frequency the next symbol's interval contains."""
-        span = self.high - self.low + 1
-        value = ((self.code - self.low + 1) * total - 1) // span
-        return min(max(value, 0), total - 1)
+    def decode_target_with_total(self, total: int) -> int:
+        """As ``decode_target`` for any ``0 < total <= 2**32``."""
+        if not 0 < total <= MAX_TOTAL:
+            raise _invalid(0, 1, total)
+        target = self._code // (self._range // total)
+        return target if target < total else total - 1
 
-    def consume(self, low: int, freq: int, total: int) -> None:
-        """Advance past the symbol ``[low, low+freq)`` chosen from ``target``."""
-        _check(low, freq, total)
-        span = self.high - self.low + 1
-        self.high = self.low + (low + freq) * span // total - 1
-        self.low = self.low + low * span // total
-        while ((self.low ^ self.high) & HALF) == 0:
-            self.code = ((self.code << 1) & MASK) | self._read_bit()
-            self.low = (self.low << 1) & MASK
-            self.high = ((self.high << 1) & MASK) | 1
-        while (self.low & ~self.high & QUARTER) != 0:
-            self.code = (self.code & HALF) | ((self.code << 1) & (MASK >> 1)) | self._read_bit()
-            self.low = (self.low << 1) ^ HALF
-            self.high = ((self.high ^ HALF) << 1) | HALF | 1
+    def consume(self, low: int, freq: int, precision_bits: int) -> None:
+        """Advance past ``[low, low + freq)`` of ``2**precision_bits`` (it must contain the target)."""
+        if not 0 <= low < low + freq <= 1 << precision_bits <= MAX_TOTAL:
+            raise _invalid(low, freq, 1 << precision_bits)
+        self._advance(self._range >> precision_bits, low, freq)
+
+    def consume_with_total(self, low: int, freq: int, total: int) -> None:
+        """As ``consume`` for any ``total <= 2**32``."""
+        if not 0 <= low < low + freq <= total <= MAX_TOTAL:
+            raise _invalid(low, freq, total)
+        self._advance(self._range // total, low, freq)
+
+    def _advance(self, r: int, low: int, freq: int) -> None:
+        code = self._code - r * low
+        rng = r * freq
+        if not 0 <= code < rng:
+            code = min(max(code, 0), rng - 1)
+        while rng < BOTTOM:
+            code = (code << 8) | self._next_byte()
+            rng <<= 8
+        self._code = code
+        self._range = rng
+
+    def _next_byte(self) -> int:
+        if self._pos < len(self._buf):
+            self._pos += 1
+            return self._buf[self._pos - 1]
+        for chunk in self._chunks:
+            if chunk:
+                self._buf, self._pos = bytes(chunk), 1
+                return self._buf[0]
+        self.padded_bytes += 1
+        return 0

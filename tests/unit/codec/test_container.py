@@ -1,59 +1,118 @@
-"""Container: round trips, and every truncation, bit flip or hostile size fails with ContainerError."""
+"""Container: streaming round trips; truncation, bit flips, hostile sizes, stray bytes → ContainerError."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import struct
 import time
+import zlib
 
 import pytest
 from cascade.codec.container import (
     KIND_CODED,
     KIND_RAW,
+    VERSION,
+    Container,
     ContainerError,
     ContainerReader,
     ContainerWriter,
     Header,
+    Limits,
+    SegmentRecord,
+    Trailer,
+    encode_header,
     parse_container,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-HEADER = Header(b"\x07" * 32, 32, 64, 8192, "float32", {"separator_id": 1}, "ctx ✓".encode())
+HEADER = Header(b"\x07" * 32, 32, 64, 8192, "float32", {"separator_id": 1, "temperature": 1.0},
+                "ctx ✓".encode())
+SEGMENTS = [(KIND_CODED, 3, b"abc", b"\x01\x02\x03"), (KIND_RAW, 0, b"\xff\xfe", b"\xff\xfe"),
+            (KIND_CODED, 1, "é".encode(), b"\x09")]
+SEGMENT_HEAD = 18
 
 
-def _container(segments: list[tuple[int, bytes, bytes]]) -> bytes:
-    writer = ContainerWriter(HEADER)
+def _container(header: Header, segments: list[tuple[int, int, bytes, bytes]]) -> bytes:
+    writer = ContainerWriter(header)
     data = writer.header_bytes()
-    for kind, original, payload in segments:
-        data += writer.segment_bytes(kind, 3 if kind == KIND_CODED else 0, original, payload)
-    return data + writer.trailer_bytes()
+    for kind, tokens, original, payload in segments:
+        data += writer.segment_bytes(kind, tokens, original, payload)
+    data += writer.trailer_bytes()
+    assert writer.bytes_written == len(data)
+    return data
 
 
-SAMPLE = _container([(KIND_CODED, b"abc", b"\x01\x02\x03"), (KIND_RAW, b"\xff\xfe", b"\xff\xfe"),
-                     (KIND_CODED, "é".encode(), b"\x09")])
+SAMPLE = _container(HEADER, SEGMENTS)
+HEADER_LEN = len(encode_header(HEADER))
 
 
-def test_container_round_trips_header_and_segments() -> None:
-    header, segments = parse_container(SAMPLE)
-    assert header == HEADER
-    assert [(s.kind, s.original_length, s.payload) for s in segments] == [
-        (KIND_CODED, 3, b"\x01\x02\x03"), (KIND_RAW, 2, b"\xff\xfe"), (KIND_CODED, 2, b"\x09")]
+def _with_header_crc(data: bytes, header_len: int) -> bytes:
+    body = data[:header_len - 4]
+    return body + struct.pack("<I", zlib.crc32(body)) + data[header_len:]
 
 
-def test_incremental_feed_matches_whole_parse() -> None:
+def test_container_round_trips_header_segments_and_trailer() -> None:
+    parsed = parse_container(SAMPLE)
+    assert parsed.header == HEADER
+    assert parsed.trailer == Trailer(3, 7)
+    assert [(s.index, s.kind, s.tokens, s.original_length, s.crc32, s.payload) for s in parsed.segments] == [
+        (i, kind, tokens, len(original), zlib.crc32(original), payload)
+        for i, (kind, tokens, original, payload) in enumerate(SEGMENTS)]
+
+
+JSON_SCALARS = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+                         st.booleans(), st.none())
+headers = st.builds(
+    Header, st.binary(min_size=32, max_size=32), st.sampled_from([16, 24, 32]), st.integers(1, 0xFFFF),
+    st.integers(2, 0xFFFFFFFF), st.text("abcdefghijklmnopqrstuvwxyz0123456789", max_size=20),
+    st.dictionaries(st.text(max_size=8), JSON_SCALARS, max_size=4),
+    st.binary(max_size=100))
+segments = st.lists(st.one_of(
+    st.tuples(st.just(KIND_CODED), st.integers(1, 1000), st.binary(max_size=50), st.binary(max_size=50)),
+    st.binary(max_size=50).map(lambda b: (KIND_RAW, 0, b, b))), max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(headers, segments, st.integers(1, 40))
+def test_random_containers_round_trip_when_fed_in_any_chunking(header: Header,
+                                                               records: list[tuple[int, int, bytes, bytes]],
+                                                               chunk: int) -> None:
+    data = _container(header, records)
     reader = ContainerReader()
-    items = []
-    for i in range(len(SAMPLE)):
-        items += list(reader.feed(SAMPLE[i:i + 1]))
+    items: list[Header | SegmentRecord | Trailer] = []
+    for i in range(0, len(data), chunk):
+        items += reader.feed(data[i:i + chunk])
     reader.close()
-    assert len(items) == 5
+    trailer = Trailer(len(records), sum(len(r[2]) for r in records))
+    assert items[0] == header and items[-1] == trailer
+    parsed = [s for s in items if isinstance(s, SegmentRecord)]
+    assert [(s.kind, s.tokens, s.payload) for s in parsed] == [(kind, tokens, payload)
+                                                               for kind, tokens, _, payload in records]
+    assert parse_container(data) == Container(header, parsed, trailer)
+
+
+def test_reader_yields_each_record_as_soon_as_its_last_byte_arrives() -> None:
+    reader = ContainerReader()
+    completed_at = [i for i in range(len(SAMPLE)) if reader.feed(SAMPLE[i:i + 1])]
+    reader.close()
+    assert completed_at[0] == HEADER_LEN - 1
+    assert completed_at[-1] == len(SAMPLE) - 1
+    assert len(completed_at) == 5
 
 
 def test_every_truncation_is_rejected() -> None:
     for n in range(len(SAMPLE)):
-        with pytest.raises(ContainerError):
+        with pytest.raises(ContainerError) as info:
             parse_container(SAMPLE[:n])
+        assert info.value.code == "truncated_container"
+
+
+def test_truncation_at_a_record_boundary_names_the_segments_read() -> None:
+    cut = len(SAMPLE) - 17
+    with pytest.raises(ContainerError, match="after 3 complete segment"):
+        parse_container(SAMPLE[:cut])
 
 
 def test_every_single_bit_flip_is_rejected() -> None:
@@ -65,35 +124,114 @@ def test_every_single_bit_flip_is_rejected() -> None:
                 parse_container(bytes(damaged))
 
 
-def test_trailing_garbage_wrong_magic_and_version_are_named() -> None:
-    with pytest.raises(ContainerError, match="after the container"):
+def test_a_damaged_segment_is_named_in_the_error() -> None:
+    damaged = bytearray(SAMPLE)
+    second_payload = HEADER_LEN + (SEGMENT_HEAD + 3 + 4) + SEGMENT_HEAD
+    damaged[second_payload] ^= 0x40
+    with pytest.raises(ContainerError, match="segment 1"):
+        parse_container(bytes(damaged))
+
+
+def test_trailing_garbage_wrong_magic_and_wrong_version_are_named() -> None:
+    with pytest.raises(ContainerError, match="after the container") as info:
         parse_container(SAMPLE + b"x")
-    with pytest.raises(ContainerError, match="magic"):
+    assert info.value.code == "trailing_data"
+    with pytest.raises(ContainerError, match="magic") as info:
         parse_container(b"ZZZZ" + SAMPLE[4:])
-    with pytest.raises(ContainerError, match="version"):
-        parse_container(SAMPLE[:4] + b"\x09" + SAMPLE[5:])
+    assert info.value.code == "bad_magic"
+    with pytest.raises(ContainerError, match="version") as info:
+        parse_container(SAMPLE[:4] + bytes([VERSION + 1]) + SAMPLE[5:])
+    assert info.value.code == "unsupported_version"
 
 
-def test_huge_declared_sizes_fail_fast_without_allocating() -> None:
-    writer = ContainerWriter(HEADER)
-    head = writer.header_bytes()
-    hostile = head + struct.pack("<cBIIII", b"S", KIND_CODED, 1, 2**31, 0, 2**32 - 1)
-    start = time.monotonic()
-    with pytest.raises(ContainerError, match="over the limit"):
-        parse_container(hostile)
-    assert time.monotonic() - start < 0.1
+def test_streaming_reader_rejects_a_foreign_stream_from_its_first_byte() -> None:
+    with pytest.raises(ContainerError, match="magic"):
+        ContainerReader().feed(b"P")
+
+
+def test_huge_declared_sizes_fail_before_their_bytes_arrive() -> None:
+    head = encode_header(HEADER)
+    for payload_len, orig_len in ((2**32 - 1, 0), (0, 2**31)):
+        hostile = head + struct.pack("<cBIIII", b"S", KIND_CODED, 1, orig_len, 0, payload_len)
+        start = time.monotonic()
+        with pytest.raises(ContainerError, match="over the limit") as info:
+            ContainerReader().feed(hostile)
+        assert info.value.code == "container_too_large"
+        assert time.monotonic() - start < 0.1
+
+
+def test_limits_on_segment_count_and_total_output_are_enforced() -> None:
+    with pytest.raises(ContainerError, match="more than 2 segments"):
+        parse_container(SAMPLE, Limits(max_segments=2))
+    with pytest.raises(ContainerError, match="segment 2 takes the container's output over the limit"):
+        parse_container(SAMPLE, Limits(max_total_original=5))
+    with pytest.raises(ContainerError, match="context"):
+        parse_container(SAMPLE, Limits(max_context=3))
+
+
+@pytest.mark.parametrize("params", [b"[" * 60_000, b"[1, 2]", b"{\xff}", b"not json", b"1" * 5000])
+def test_header_params_that_are_not_a_json_object_are_rejected(params: bytes) -> None:
+    body = (struct.pack("<4sB32sBHI", b"CSCZ", VERSION, b"\0" * 32, 32, 64, 8192) + b"\x07float32"
+            + struct.pack("<H", len(params)) + params + struct.pack("<I", 0))
+    data = body + struct.pack("<I", zlib.crc32(body))
+    with pytest.raises(ContainerError, match="params"):
+        ContainerReader().feed(data)
+
+
+def test_header_with_valid_checksum_but_impossible_parameters_is_rejected() -> None:
+    data = bytearray(SAMPLE)
+    data[4 + 1 + 32] = 12
+    with pytest.raises(ContainerError, match="coding parameters"):
+        parse_container(_with_header_crc(bytes(data), HEADER_LEN))
+
+
+@pytest.mark.parametrize("header", [
+    Header(b"\0" * 31, 32, 64, 8192, "float32"),
+    Header(b"\0" * 32, 12, 64, 8192, "float32"),
+    Header(b"\0" * 32, 32, 70_000, 80_000, "float32"),
+    Header(b"\0" * 32, 32, 64, 8192, "flöat"),
+    Header(b"\0" * 32, 32, 64, 8192, "float32", {"t": float("nan")}),
+])
+def test_writer_refuses_headers_no_reader_would_accept(header: Header) -> None:
+    with pytest.raises(ValueError):
+        encode_header(header)
+
+
+def test_writer_refuses_a_raw_segment_whose_payload_is_not_its_original() -> None:
+    with pytest.raises(ValueError):
+        ContainerWriter(HEADER).segment_bytes(KIND_RAW, 0, b"abc", b"abd")
+
+
+def test_header_params_are_written_canonically() -> None:
+    a = encode_header(Header(b"\0" * 32, 16, 8, 100, "bf16", {"b": 1, "a": [1, 2]}))
+    b = encode_header(Header(b"\0" * 32, 16, 8, 100, "bf16", {"a": [1, 2], "b": 1}))
+    assert a == b and json.dumps({"a": [1, 2], "b": 1}, separators=(",", ":")).encode() in a
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
-def test_random_bytes_never_crash_the_parser(data: bytes) -> None:
+def test_random_bytes_only_ever_raise_container_error(data: bytes) -> None:
     with contextlib.suppress(ContainerError):
         parse_container(data)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, len(SAMPLE)), st.binary(max_size=60))
+def test_valid_prefix_then_random_bytes_only_ever_raises_container_error(cut: int, junk: bytes) -> None:
+    data = SAMPLE[:cut] + junk
+    if data == SAMPLE:
+        return
+    start = time.monotonic()
+    with pytest.raises(ContainerError):
+        parse_container(data)
+    assert time.monotonic() - start < 0.5
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, len(SAMPLE) - 1), st.binary(min_size=1, max_size=8))
-def test_spliced_containers_are_rejected(at: int, junk: bytes) -> None:
+def test_overwritten_bytes_are_rejected(at: int, junk: bytes) -> None:
+    damaged = SAMPLE[:at] + junk + SAMPLE[at + len(junk):]
+    if damaged == SAMPLE:
+        damaged = SAMPLE[:at] + bytes([SAMPLE[at] ^ 1]) + SAMPLE[at + 1:]
     with pytest.raises(ContainerError):
-        parse_container(SAMPLE[:at] + junk + SAMPLE[at + len(junk):] if SAMPLE[at:at + len(junk)] != junk
-                        else SAMPLE[:at] + bytes([junk[0] ^ 1]) + SAMPLE[at + 1:])
+        parse_container(damaged)
