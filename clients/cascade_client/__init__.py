@@ -1,5 +1,49 @@
-"""Python client for Cascade (streaming first): ``CascadeClient`` and the ``cascade`` CLI."""
+"""Python client for Cascade (streaming first): ``CascadeClient``, ``AsyncCascadeClient``, the ``cascade`` CLI.
 
-from cascade_client.client import CascadeClient, CascadeError, CompressStats
+Both clients share one protocol layer (``cascade_client.protocol``): the same methods, arguments,
+typed results and typed exceptions, sync or awaited.
+"""
 
-__all__ = ["CascadeClient", "CascadeError", "CompressStats"]
+from cascade_client.aio import AsyncCascadeClient
+from cascade_client.client import CascadeClient
+from cascade_client.protocol import (
+    AuthenticationError,
+    BadRequestError,
+    CascadeConnectionError,
+    CascadeError,
+    CompressStats,
+    DecompressStats,
+    IntegrityError,
+    KcbsResult,
+    KcbsSequence,
+    ModelMismatchError,
+    NotFoundError,
+    PayloadTooLargeError,
+    Progress,
+    RateLimitError,
+    ServerError,
+    ServiceUnavailableError,
+    TargetMatch,
+)
+
+__all__ = [
+    "AsyncCascadeClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "CascadeClient",
+    "CascadeConnectionError",
+    "CascadeError",
+    "CompressStats",
+    "DecompressStats",
+    "IntegrityError",
+    "KcbsResult",
+    "KcbsSequence",
+    "ModelMismatchError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "Progress",
+    "RateLimitError",
+    "ServerError",
+    "ServiceUnavailableError",
+    "TargetMatch",
+]

@@ -1,74 +1,54 @@
-"""Streaming-first Python client for Cascade's codec and k-CBS endpoints (sync API, httpx)."""
+"""Sync client (httpx.Client): streaming codec calls between file-likes/sockets, and k-CBS.
+
+What goes over the wire is decided in ``protocol`` (shared with ``AsyncCascadeClient``); this
+module only moves bytes. Codec uploads are full duplex (see ``duplex``): the reply is read while
+the body is still being sent, so inputs of any size stream through in constant memory.
+"""
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import IO, Any
+import io
+from typing import Any, TypeVar
 
 import httpx
 
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-CHUNK = 1 << 16
+from cascade_client import protocol
+from cascade_client._http import client_options, json_reply, request_args, transport_errors
+from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
+from cascade_client.duplex import SyncDuplexTransport
+from cascade_client.protocol import (
+    CascadeError,
+    CompressStats,
+    DecompressStats,
+    JsonCall,
+    KcbsResult,
+    Progress,
+    StreamCall,
+)
 
+__all__ = ["CascadeClient", "CascadeError", "CompressStats", "DecompressStats", "KcbsResult"]
 
-class CascadeError(Exception):
-    """The server answered with an error; carries its status, message and code."""
-
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.code = code
-
-
-@dataclass(frozen=True)
-class CompressStats:
-    bytes_in: int
-    bytes_out: int
-    tokens: int
-    bits_per_byte: float
-    seconds: float
-
-
-def _raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
-        return
-    response.read()
-    try:
-        error = response.json()["error"]
-        raise CascadeError(response.status_code, error["message"], error.get("code"))
-    except (ValueError, KeyError, TypeError):
-        raise CascadeError(response.status_code, response.text[:500]) from None
-
-
-def _events(lines: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    name = "message"
-    for line in lines:
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: ") and line != "data: [DONE]":
-            yield name, json.loads(line[6:])
-            name = "message"
-
-
-def _read_chunks(source: IO[bytes]) -> Iterator[bytes]:
-    while chunk := source.read(CHUNK):
-        yield chunk
+R = TypeVar("R")
 
 
 class CascadeClient:
-    """``compress_to`` / ``decompress_to`` stream between file-like objects and the server, never
-    holding a whole file; ``kcbs`` runs a beam search."""
+    """``compress_to``/``decompress_to`` stream between a source and a sink, never holding a whole
+    file; ``compress``/``decompress`` are the in-memory conveniences; ``kcbs`` runs a beam search.
 
-    def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600) -> None:
-        server = server or os.environ.get("CASCADE_SERVER", DEFAULT_SERVER)
-        api_key = api_key or os.environ.get("CASCADE_API_KEY")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=server, headers=headers, timeout=timeout)
+    Every failure raises a ``CascadeError`` subclass carrying the server's status, message, type
+    and code (``CascadeConnectionError`` when the server cannot be reached). ``duplex=False`` sends
+    the whole body before reading the reply (plain httpx; only safe for inputs of a few MB).
+    """
+
+    def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
+                 *, duplex: bool = True, transport: httpx.BaseTransport | None = None) -> None:
+        self._duplex = duplex
+        self._http = httpx.Client(transport=transport or SyncDuplexTransport(),
+                                  **client_options(server, api_key, timeout))
+
+    @property
+    def server(self) -> httpx.URL:
+        return self._http.base_url
 
     def close(self) -> None:
         self._http.close()
@@ -79,62 +59,57 @@ class CascadeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def compress_to(self, sink: IO[bytes], source: IO[bytes], **params: Any) -> CompressStats:
-        """Stream ``source`` to /compress and write each container chunk to ``sink`` as it arrives."""
-        query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items() if v is not None}
-        with self._http.stream("POST", "/compress", content=_read_chunks(source), params=query,
-                               headers={"content-type": "text/plain", "accept": "text/event-stream"}) as response:
-            _raise_for(response)
-            for name, event in _events(response.iter_lines()):
-                if name == "chunk":
-                    sink.write(base64.b64decode(event["data"]))
-                elif name == "error":
-                    error = event["error"]
-                    raise CascadeError(400, error["message"], error.get("code"))
-                elif name == "done":
-                    sink.flush()
-                    return CompressStats(event["bytes_in"], event["bytes_out"], event["tokens"],
-                                         event["bits_per_byte"], event["seconds"])
-        raise CascadeError(502, "stream ended without a 'done' event")
+    def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
+        """Upload ``source`` as the body, write each decoded reply chunk to ``sink`` as it arrives."""
+        args = request_args(call.request, duplex=self._duplex, content=iter_source(source, progress))
+        with transport_errors(self.server), self._http.stream(**args) as response:
+            if response.is_error:
+                response.read()
+                json_reply(response)
+            for chunk in response.iter_raw():
+                for data in call.feed(chunk):
+                    write_sink(sink, data)
+                    if progress is not None:
+                        progress.received(len(data))
+        flush_sink(sink)
+        return call.finish()
 
-    def decompress_to(self, sink: IO[bytes], source: IO[bytes]) -> int:
-        """Stream a container to /decompress and write verified segments to ``sink``; returns bytes."""
-        written = 0
-        with self._http.stream("POST", "/decompress", content=_read_chunks(source),
-                               headers={"content-type": "application/octet-stream",
-                                        "accept": "text/event-stream"}) as response:
-            _raise_for(response)
-            for name, event in _events(response.iter_lines()):
-                if name == "text":
-                    data = event["text"].encode() if "text" in event else base64.b64decode(event["data_b64"])
-                    sink.write(data)
-                    written += len(data)
-                elif name == "error":
-                    error = event["error"]
-                    raise CascadeError(400, error["message"], error.get("code"))
-                elif name == "done":
-                    sink.flush()
-                    return written
-        raise CascadeError(502, "stream ended without a 'done' event")
+    def _json(self, call: JsonCall[R]) -> R:
+        """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
+        with transport_errors(self.server):
+            spec = next(call)
+            while True:
+                reply = json_reply(self._http.request(**request_args(spec)))
+                try:
+                    spec = call.send(reply)
+                except StopIteration as done:
+                    return done.value
 
-    def compress(self, data: bytes, **params: Any) -> bytes:
-        import io
+    def compress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
+                    **options: Any) -> CompressStats:
+        """Compress ``source`` into a container written to ``sink`` chunk by chunk.
 
+        ``options``: ``top_k``, ``precision_bits`` (16/24/32), ``segment_tokens``, ``context``,
+        ``verify`` (decode every segment on the server before answering), ``model``.
+        """
+        return self._stream(protocol.compress_call(**options), sink, source, progress)
+
+    def decompress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None) -> DecompressStats:
+        """Decompress the container in ``source``; each verified segment is written to ``sink``."""
+        return self._stream(protocol.decompress_call(), sink, source, progress)
+
+    def compress(self, data: Source, **options: Any) -> bytes:
+        """The whole container in memory (use ``compress_to`` for large inputs)."""
         out = io.BytesIO()
-        self.compress_to(out, io.BytesIO(data), **params)
+        self.compress_to(out, data, **options)
         return out.getvalue()
 
-    def decompress(self, container: bytes) -> bytes:
-        import io
-
+    def decompress(self, container: Source) -> bytes:
         out = io.BytesIO()
-        self.decompress_to(out, io.BytesIO(container))
+        self.decompress_to(out, container)
         return out.getvalue()
 
-    def kcbs(self, prompt: str, beam_width: int, steps: int, **params: Any) -> dict[str, Any]:
-        model = params.pop("model", None) or self._http.get("/v1/models").json()["data"][0]["id"]
-        response = self._http.post("/v1/kcbs", json={"model": model, "prompt": prompt, "beam_width": beam_width,
-                                                     "steps": steps, **params})
-        _raise_for(response)
-        result: dict[str, Any] = response.json()
-        return result
+    def kcbs(self, prompt: str, beam_width: int, steps: int, **params: Any) -> KcbsResult:
+        """Top-k-constrained beam search; ``params``: ``target``, ``max_edit_distance``, ``eos``,
+        ``final_prune``, ``temperature``, ``model`` (default: the served model)."""
+        return self._json(protocol.kcbs_call(prompt, beam_width, steps, **params))

@@ -1,0 +1,58 @@
+"""Sources and sinks: what a client may read a body from and write a reply to, in chunks.
+
+A source is bytes, a binary file-like (``read``), a socket (``recv``) or an iterable of bytes; a
+sink is a binary file-like (``write``) or a socket (``sendall``). Nothing is ever read whole: a
+file source is read ``CHUNK`` bytes at a time, and each decoded reply chunk is written at once.
+The async client adds async readers/writers on top of these (see ``aio``).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, Union
+
+from cascade_client.protocol import CHUNK, Progress
+
+Source = Union[bytes, bytearray, memoryview, IO[bytes], socket.socket, Iterable[bytes]]  # noqa: UP007 (runtime alias)
+Sink = Union[IO[bytes], socket.socket]  # noqa: UP007
+
+
+def _reader(source: Any) -> Callable[[], bytes] | None:
+    if isinstance(source, socket.socket):
+        return lambda: source.recv(CHUNK)
+    read = getattr(source, "read", None)
+    return (lambda: read(CHUNK)) if callable(read) else None
+
+
+def iter_source(source: Source, progress: Progress | None = None) -> Iterator[bytes]:
+    """The source as chunks of at most ``CHUNK`` bytes, telling ``progress`` of each one."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        view = memoryview(source)
+        chunks: Iterable[bytes] = (bytes(view[i:i + CHUNK]) for i in range(0, len(view), CHUNK))
+    elif (read := _reader(source)) is not None:
+        chunks = iter(read, b"")
+    else:
+        chunks = source  # type: ignore[assignment]
+    for chunk in chunks:
+        if chunk:
+            if progress is not None:
+                progress.sent(len(chunk))
+            yield bytes(chunk)
+
+
+def write_sink(sink: Sink, data: bytes) -> None:
+    """Write all of ``data`` (a socket gets ``sendall``, a raw file is written until done)."""
+    if isinstance(sink, socket.socket):
+        sink.sendall(data)
+        return
+    view = memoryview(data)
+    while view:
+        written = sink.write(view)
+        view = view[len(view) if written is None else written:]
+
+
+def flush_sink(sink: Any) -> None:
+    flush = getattr(sink, "flush", None)
+    if callable(flush):
+        flush()

@@ -1,0 +1,147 @@
+"""Async client (httpx.AsyncClient) with the sync client's API, method for method.
+
+Protocol, results and errors come from ``protocol``; this module only moves bytes, asynchronously.
+Sources and sinks may be the sync ones (files are read on a worker thread, so a slow disk or pipe
+never stalls the event loop) or async ones: an ``asyncio.StreamReader``/``StreamWriter``, an
+object with ``async read``/``async write``, or an async iterable of bytes. Codec uploads run
+concurrently with reading the reply (see ``duplex``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import io
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Any, TypeVar, Union
+
+import httpx
+
+from cascade_client import protocol
+from cascade_client._http import client_options, json_reply, request_args, transport_errors
+from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
+from cascade_client.duplex import AsyncDuplexTransport
+from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
+
+__all__ = ["AsyncCascadeClient", "AsyncSink", "AsyncSource"]
+
+R = TypeVar("R")
+AsyncSource = Union[Source, AsyncIterable[bytes], asyncio.StreamReader, Any]  # noqa: UP007 (runtime alias)
+AsyncSink = Union[Sink, asyncio.StreamWriter, Any]  # noqa: UP007
+
+
+async def aiter_source(source: AsyncSource, progress: Progress | None = None) -> AsyncIterator[bytes]:
+    """Chunks of an async or sync source; sync reads happen on a worker thread."""
+    read = getattr(source, "read", None)
+    if inspect.iscoroutinefunction(read):
+        while chunk := await read(protocol.CHUNK):
+            if progress is not None:
+                progress.sent(len(chunk))
+            yield bytes(chunk)
+    elif isinstance(source, AsyncIterable):
+        async for chunk in source:
+            if chunk:
+                if progress is not None:
+                    progress.sent(len(chunk))
+                yield bytes(chunk)
+    else:
+        chunks = iter_source(source, progress)
+        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+            yield chunk
+
+
+async def awrite_sink(sink: Any, data: bytes) -> None:
+    """Write to an async writer (awaiting ``write``, or ``drain`` after it) or a sync sink."""
+    write = getattr(sink, "write", None)
+    if inspect.iscoroutinefunction(write):
+        await write(data)
+    elif inspect.iscoroutinefunction(getattr(sink, "drain", None)):
+        sink.write(data)
+        await sink.drain()
+    else:
+        write_sink(sink, data)
+
+
+async def aflush_sink(sink: Any) -> None:
+    if inspect.iscoroutinefunction(getattr(sink, "flush", None)):
+        await sink.flush()
+    elif not inspect.iscoroutinefunction(getattr(sink, "drain", None)):
+        flush_sink(sink)
+
+
+class AsyncCascadeClient:
+    """The async ``CascadeClient``: same methods, arguments, results and exceptions, awaited.
+
+    ``async with AsyncCascadeClient(url, key) as client: stats = await client.compress_to(dst, src)``.
+    """
+
+    def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
+                 *, duplex: bool = True, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._duplex = duplex
+        self._http = httpx.AsyncClient(transport=transport or AsyncDuplexTransport(),
+                                       **client_options(server, api_key, timeout))
+
+    @property
+    def server(self) -> httpx.URL:
+        return self._http.base_url
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncCascadeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _stream(self, call: StreamCall[R], sink: AsyncSink, source: AsyncSource,
+                      progress: Progress | None) -> R:
+        """Upload ``source`` as the body, write each decoded reply chunk to ``sink`` as it arrives."""
+        args = request_args(call.request, duplex=self._duplex, content=aiter_source(source, progress))
+        with transport_errors(self.server):
+            async with self._http.stream(**args) as response:
+                if response.is_error:
+                    await response.aread()
+                    json_reply(response)
+                async for chunk in response.aiter_raw():
+                    for data in call.feed(chunk):
+                        await awrite_sink(sink, data)
+                        if progress is not None:
+                            progress.received(len(data))
+        await aflush_sink(sink)
+        return call.finish()
+
+    async def _json(self, call: JsonCall[R]) -> R:
+        """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
+        with transport_errors(self.server):
+            spec = next(call)
+            while True:
+                reply = json_reply(await self._http.request(**request_args(spec)))
+                try:
+                    spec = call.send(reply)
+                except StopIteration as done:
+                    return done.value
+
+    async def compress_to(self, sink: AsyncSink, source: AsyncSource, *, progress: Progress | None = None,
+                          **options: Any) -> CompressStats:
+        """Compress ``source`` into a container written to ``sink`` chunk by chunk (options as sync)."""
+        return await self._stream(protocol.compress_call(**options), sink, source, progress)
+
+    async def decompress_to(self, sink: AsyncSink, source: AsyncSource, *,
+                            progress: Progress | None = None) -> DecompressStats:
+        """Decompress the container in ``source``; each verified segment is written to ``sink``."""
+        return await self._stream(protocol.decompress_call(), sink, source, progress)
+
+    async def compress(self, data: AsyncSource, **options: Any) -> bytes:
+        out = io.BytesIO()
+        await self.compress_to(out, data, **options)
+        return out.getvalue()
+
+    async def decompress(self, container: AsyncSource) -> bytes:
+        out = io.BytesIO()
+        await self.decompress_to(out, container)
+        return out.getvalue()
+
+    async def kcbs(self, prompt: str, beam_width: int, steps: int, **params: Any) -> KcbsResult:
+        """Top-k-constrained beam search (parameters as ``CascadeClient.kcbs``)."""
+        return await self._json(protocol.kcbs_call(prompt, beam_width, steps, **params))

@@ -1,0 +1,390 @@
+"""The client's protocol, free of I/O, shared by the sync and the async client.
+
+Everything that decides *what* goes over the wire and *what it means* lives here: request specs,
+the SSE line parser, the decoders that turn codec events into sink bytes and typed results, the
+mapping of error bodies to typed exceptions, and the JSON calls written as generators (they yield
+``RequestSpec`` and receive the decoded JSON reply). The two clients only move bytes, so an
+endpoint added here (e.g. a future ``export_topk``) needs one generator or decoder and a one-line
+method in each client.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+CHUNK = 1 << 16
+SSE = "text/event-stream"
+DUPLEX = "cascade_duplex"
+"""Request extension that asks the transport to upload and download at the same time."""
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class CascadeError(Exception):
+    """The server (or the way to it) failed; carries the server's status, message, type and code."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, *, type: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.type = type
+        self.param = param
+
+
+class BadRequestError(CascadeError):
+    """400: the request (or the container) is invalid."""
+
+
+class AuthenticationError(CascadeError):
+    """401: missing or wrong API key."""
+
+
+class NotFoundError(CascadeError):
+    """404: unknown route or model."""
+
+
+class ModelMismatchError(CascadeError):
+    """409: the container was made with another model."""
+
+
+class PayloadTooLargeError(CascadeError):
+    """413: the input is above the server's limit."""
+
+
+class IntegrityError(CascadeError):
+    """422: a decoded segment failed its checksum; no wrong bytes were returned."""
+
+
+class RateLimitError(CascadeError):
+    """429: too many requests in flight."""
+
+
+class ServerError(CascadeError):
+    """5xx: the server or its engine failed."""
+
+
+class ServiceUnavailableError(ServerError):
+    """503: an engine is not ready (the codec self-test failed, or the engine is starting)."""
+
+
+class CascadeConnectionError(CascadeError):
+    """The server could not be reached or the connection broke (status 0: no HTTP answer)."""
+
+
+_BY_STATUS: dict[int, type[CascadeError]] = {
+    400: BadRequestError, 401: AuthenticationError, 404: NotFoundError, 409: ModelMismatchError,
+    413: PayloadTooLargeError, 422: IntegrityError, 429: RateLimitError, 503: ServiceUnavailableError,
+}
+# Codec failures that arrive inside a 200 SSE stream carry a code but no status; these are the
+# statuses the server gives the same failures before the stream starts.
+_STATUS_BY_CODE = {"model_mismatch": 409, "checksum_mismatch": 422, "codec_unavailable": 503,
+                   "engine_unavailable": 503, "internal_error": 500, "input_too_large": 413}
+
+
+def error_for(status: int, error: Mapping[str, Any]) -> CascadeError:
+    """The typed exception for an OpenAI-shaped ``error`` object."""
+    if not status:
+        status = _STATUS_BY_CODE.get(str(error.get("code")), 400)
+    cls = _BY_STATUS.get(status, ServerError if status >= 500 else CascadeError)
+    return cls(status, str(error.get("message", "")), error.get("code"), type=error.get("type"),
+               param=error.get("param"))
+
+
+def error_from_body(status: int, body: bytes) -> CascadeError:
+    """The typed exception for a non-2xx reply; non-JSON bodies keep their first 500 characters."""
+    try:
+        error = json.loads(body)["error"]
+        if isinstance(error, Mapping):
+            return error_for(status, error)
+    except (ValueError, KeyError, TypeError):
+        pass
+    return error_for(status, {"message": body.decode("utf-8", "replace")[:500] or f"HTTP {status}"})
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CompressStats:
+    """The ``done`` event of ``/compress``; ``bytes_out`` is the container size."""
+
+    bytes_in: int
+    bytes_out: int
+    tokens: int
+    bits_per_byte: float
+    seconds: float
+    segments: int = 0
+    raw_segments: int = 0
+    bits_per_token: float = 0.0
+    compression_ratio: float = 0.0
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> CompressStats:
+        return cls(int(event["bytes_in"]), int(event["bytes_out"]), int(event["tokens"]),
+                   float(event["bits_per_byte"]), float(event["seconds"]), int(event.get("segments", 0)),
+                   int(event.get("raw_segments", 0)), float(event.get("bits_per_token", 0.0)),
+                   float(event.get("compression_ratio", 0.0)))
+
+
+@dataclass(frozen=True)
+class DecompressStats:
+    """The ``done`` event of ``/decompress``: every segment was CRC-verified before it was written."""
+
+    bytes: int
+    segments: int
+    verified: bool
+
+
+@dataclass(frozen=True)
+class KcbsSequence:
+    text: str
+    score: float
+    probability: float
+    finish_reason: str | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TargetMatch:
+    exact: bool
+    near_verbatim_probability: float
+    matches: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class KcbsResult:
+    """``/v1/kcbs``'s answer; ``raw`` keeps the JSON as sent (the CLI prints it)."""
+
+    sequences: tuple[KcbsSequence, ...]
+    captured_probability: float
+    target_match: TargetMatch | None
+    usage: Mapping[str, Any]
+    raw: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> KcbsResult:
+        sequences = tuple(KcbsSequence(s["text"], float(s["score"]), float(s["probability"]), s.get("finish_reason"),
+                                       tuple(s.get("token_ids", ()))) for s in body["sequences"])
+        match = body.get("target_match")
+        target = None if match is None else TargetMatch(bool(match["exact"]),
+                                                        float(match["near_verbatim_probability"]),
+                                                        tuple(match.get("matches", ())))
+        return cls(sequences, float(body["captured_probability"]), target, body.get("usage", {}), body)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class Progress(Protocol):
+    """Told how far a transfer is (the CLI draws bars from it); called from the transfer's thread."""
+
+    def sent(self, nbytes: int) -> None: ...
+
+    def received(self, nbytes: int) -> None: ...
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One HTTP request, before any client sends it."""
+
+    method: str
+    path: str
+    params: Mapping[str, str | int] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    json: Any = None
+
+
+def query_params(params: Mapping[str, Any]) -> dict[str, str | int]:
+    """Codec options as query parameters (the raw-body form of ``/compress``); ``None`` is left out."""
+    return {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- SSE
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    data: Any
+
+
+class SSEParser:
+    """Incremental ``text/event-stream`` parser: feed it bytes as they arrive, get completed events.
+
+    Splits on LF only (never on the other characters ``str.splitlines`` treats as line breaks),
+    and handles multi-line ``data``, comments and OpenAI's ``[DONE]``.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._name = "message"
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        *lines, self._buffer = (self._buffer + chunk).split(b"\n")
+        return [event for line in lines if (event := self._line(line)) is not None]
+
+    def close(self) -> list[Event]:
+        """Whatever the stream ended with, even without its final blank line."""
+        lines, self._buffer = [self._buffer, b""], b""
+        return [event for line in lines if (event := self._line(line)) is not None]
+
+    def _line(self, raw: bytes) -> Event | None:
+        line = raw.rstrip(b"\r").decode("utf-8")
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        key, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if key == "event":
+            self._name = value
+        elif key == "data":
+            self._data.append(value)
+        return None
+
+    def _dispatch(self) -> Event | None:
+        name, data = self._name, "\n".join(self._data)
+        had_data = bool(self._data)
+        self._name, self._data = "message", []
+        if not had_data or data == "[DONE]":
+            return None
+        return Event(name, json.loads(data))
+
+
+class StreamDecoder(Protocol[R_co]):
+    """Turns the events of one SSE reply into sink bytes and, at the end, a typed result."""
+
+    def feed(self, event: Event) -> bytes | None:
+        """Bytes to write for this event; raises the typed error for an ``error`` event."""
+
+    def result(self) -> R_co:
+        """The result once the stream is over; raises if it ended early."""
+
+
+def _raise_event_error(event: Event) -> None:
+    if event.name == "error" or (isinstance(event.data, Mapping) and "error" in event.data):
+        raise error_for(0, event.data.get("error", {}) if isinstance(event.data, Mapping) else {})
+
+
+def _truncated() -> CascadeError:
+    return CascadeConnectionError(0, "the stream ended before its 'done' event (connection dropped?)")
+
+
+class CompressDecoder:
+    """``chunk`` events carry base64 slices of the container, in order; ``done`` carries the stats."""
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._stats: CompressStats | None = None
+
+    def feed(self, event: Event) -> bytes | None:
+        _raise_event_error(event)
+        if event.name == "chunk":
+            if event.data.get("seq", self._seq) != self._seq:
+                raise CascadeError(0, f"chunk {event.data['seq']} arrived where chunk {self._seq} was due")
+            self._seq += 1
+            return base64.b64decode(event.data["data"])
+        if event.name == "done":
+            self._stats = CompressStats.from_event(event.data)
+        return None
+
+    def result(self) -> CompressStats:
+        if self._stats is None:
+            raise _truncated()
+        return self._stats
+
+
+class DecompressDecoder:
+    """``text`` events carry verified segments (UTF-8 text, or base64 when not UTF-8)."""
+
+    def __init__(self) -> None:
+        self._written = 0
+        self._stats: DecompressStats | None = None
+
+    def feed(self, event: Event) -> bytes | None:
+        _raise_event_error(event)
+        if event.name == "text":
+            data = event.data["text"].encode() if "text" in event.data else base64.b64decode(event.data["data_b64"])
+            self._written += len(data)
+            return data
+        if event.name == "done":
+            self._stats = DecompressStats(int(event.data.get("bytes", self._written)),
+                                          int(event.data.get("segments", 0)), bool(event.data.get("verified")))
+        return None
+
+    def result(self) -> DecompressStats:
+        if self._stats is None:
+            raise _truncated()
+        if self._stats.bytes != self._written:
+            raise CascadeError(0, f"server reported {self._stats.bytes} bytes but sent {self._written}")
+        return self._stats
+
+
+@dataclass(frozen=True)
+class StreamCall(Generic[R]):
+    """A streaming upload whose SSE reply is decoded into sink bytes and a result.
+
+    Clients send ``request`` with the source as its body, pass every reply chunk to ``feed`` and
+    write what it returns to the sink, then return ``finish()``.
+    """
+
+    request: RequestSpec
+    decoder: StreamDecoder[R]
+    parser: SSEParser = field(default_factory=SSEParser)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        return [data for event in self.parser.feed(chunk) if (data := self.decoder.feed(event))]
+
+    def finish(self) -> R:
+        for event in self.parser.close():
+            self.decoder.feed(event)
+        return self.decoder.result()
+
+
+def compress_call(**options: Any) -> StreamCall[CompressStats]:
+    """``/compress`` with a raw body (never read whole) and options as query parameters."""
+    return StreamCall(RequestSpec("POST", "/compress", query_params(options),
+                                  {"content-type": "application/octet-stream", "accept": SSE}), CompressDecoder())
+
+
+def decompress_call() -> StreamCall[DecompressStats]:
+    return StreamCall(RequestSpec("POST", "/decompress", {},
+                                  {"content-type": "application/octet-stream", "accept": SSE}), DecompressDecoder())
+
+
+# --------------------------------------------------------------------------- JSON calls
+
+JsonCall = Generator[RequestSpec, Any, R]
+"""A JSON exchange: yields requests, is sent each decoded reply, returns the result."""
+
+
+def default_model() -> JsonCall[str]:
+    """The first model ``/v1/models`` lists (the service serves one)."""
+    models = yield RequestSpec("GET", "/v1/models")
+    return str(models["data"][0]["id"])
+
+
+def kcbs_call(prompt: str, beam_width: int, steps: int, *, model: str | None = None,
+              **params: Any) -> JsonCall[KcbsResult]:
+    """``/v1/kcbs``; ``params`` are the endpoint's other fields (``target``, ``eos``, ...)."""
+    if model is None:
+        model = yield from default_model()
+    body = {"model": model, "prompt": prompt, "beam_width": beam_width, "steps": steps,
+            **{k: v for k, v in params.items() if v is not None}}
+    reply = yield RequestSpec("POST", "/v1/kcbs", json=body)
+    return KcbsResult.from_json(reply)
