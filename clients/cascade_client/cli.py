@@ -1,69 +1,197 @@
-"""Client side of the ``cascade`` command: compress, decompress, kcbs (``-`` is stdin/stdout)."""
+"""Client side of the ``cascade`` command: ``compress``, ``decompress``, ``kcbs``.
+
+``-`` is stdin/stdout. Progress bars (bytes uploaded, bytes of reply received) go to stderr when it
+is a terminal, unless ``--quiet``. Any failure is one ``cascade: error: ...`` line on stderr and a
+non-zero exit (1 for errors, 2 for bad usage, 130 when interrupted); an output file is only put in
+place once the whole reply has arrived, so a failure never leaves a truncated file behind.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
-from cascade_client.client import CascadeClient, CascadeError
+from tqdm import tqdm
+
+from cascade_client.client import CascadeClient
+from cascade_client.protocol import CascadeError, CompressStats
+
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class Bars:
+    """Two tqdm bars: bytes uploaded (with a total when the input size is known) and bytes received."""
+
+    def __init__(self, upload_total: int | None, received_unit: str) -> None:
+        common: dict[str, Any] = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "file": sys.stderr,
+                                  "dynamic_ncols": True, "leave": False}
+        self._sent = tqdm(total=upload_total, desc="upload", position=0, **common)
+        self._received = tqdm(desc=received_unit, position=1, **common)
+
+    def sent(self, nbytes: int) -> None:
+        self._sent.update(nbytes)
+
+    def received(self, nbytes: int) -> None:
+        self._received.update(nbytes)
+
+    def close(self) -> None:
+        self._received.close()
+        self._sent.close()
+
+
+def _size(handle: IO[bytes]) -> int | None:
+    """Bytes left to read in a regular file (``None`` for pipes and terminals)."""
+    try:
+        status = os.fstat(handle.fileno())
+        return max(status.st_size - handle.tell(), 0) if status.st_mode & 0o170000 == 0o100000 else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager
-def _open(path: str, mode: str) -> Iterator[IO[bytes]]:
+def _input(path: str) -> Iterator[IO[bytes]]:
     if path == "-":
-        yield sys.stdin.buffer if "r" in mode else sys.stdout.buffer
+        yield sys.stdin.buffer
         return
-    with open(path, mode) as handle:
+    with open(path, "rb") as handle:
         yield handle
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[IO[bytes]]:
+    """stdout, or a temporary file next to ``path`` that replaces it only on success."""
+    if path == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    partial = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.part")
+    try:
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb") as handle:
+            yield handle
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+
+
+def _default_output(path: str, command: str) -> str:
+    if path == "-":
+        return "-"
+    if command == "compress":
+        return path + ".cz"
+    if path.endswith(".cz"):
+        return path[:-3]
+    raise CascadeError(0, f"cannot derive an output name from {path!r} (no .cz suffix): give -o")
+
+
+def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """Connection and display options, accepted before the command and after it."""
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--server", default=default(os.environ.get("CASCADE_SERVER")),
+                        help="server URL (env CASCADE_SERVER, default http://127.0.0.1:8000)")
+    parser.add_argument("--api-key", default=default(os.environ.get("CASCADE_API_KEY")),
+                        help="Bearer API key (env CASCADE_API_KEY)")
+    parser.add_argument("--timeout", type=float, default=default(3600.0), help="seconds to wait for each reply chunk")
+    parser.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                        help="no progress bars and no statistics line")
+    parser.add_argument("--progress", action="store_true", default=default(False),
+                        help="progress bars even when stderr is not a terminal")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade", description="Cascade gateway and client")
-    parser.add_argument("--server", help="server URL (env CASCADE_SERVER, default http://127.0.0.1:8000)")
-    parser.add_argument("--api-key", help="API key (env CASCADE_API_KEY)")
+    _common(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _common(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the gateway (see `cascade serve --help`)")
     sub.add_parser("config-table", help="print the configuration table")
-    comp = sub.add_parser("compress", help="compress FILE into a .cz container")
-    comp.add_argument("input")
-    comp.add_argument("-o", "--output", required=True)
+    comp = sub.add_parser("compress", parents=[common], help="compress INPUT into a .cz container")
+    comp.add_argument("input", help="file, or - for stdin")
+    comp.add_argument("-o", "--output", help="file, or - for stdout (default: INPUT.cz; stdout for stdin)")
     comp.add_argument("--top-k", type=int)
     comp.add_argument("--precision-bits", type=int, choices=(16, 24, 32))
-    comp.add_argument("--verify", action="store_true")
-    dec = sub.add_parser("decompress", help="decompress a .cz container")
-    dec.add_argument("input")
-    dec.add_argument("-o", "--output", required=True)
-    beam = sub.add_parser("kcbs", help="top-k-constrained beam search")
+    comp.add_argument("--segment-tokens", type=int)
+    comp.add_argument("--context", help="text the model conditions on (the decoder reads it from the container)")
+    comp.add_argument("--verify", action="store_true", help="the server decodes every segment before answering")
+    dec = sub.add_parser("decompress", parents=[common], help="decompress a .cz container")
+    dec.add_argument("input", help="file, or - for stdin")
+    dec.add_argument("-o", "--output", help="file, or - for stdout (default: INPUT without .cz; stdout for stdin)")
+    beam = sub.add_parser("kcbs", parents=[common], help="top-k-constrained beam search (prints the JSON result)")
     beam.add_argument("prompt")
     beam.add_argument("-k", "--beam-width", type=int, default=4)
     beam.add_argument("-T", "--steps", type=int, default=16)
-    beam.add_argument("--target")
+    beam.add_argument("--target", help="text whose (near-)verbatim probability to bound")
+    beam.add_argument("--max-edit-distance", type=int)
+    beam.add_argument("--temperature", type=float)
+    beam.add_argument("--eos", choices=("block", "stop"))
+    beam.add_argument("--all-candidates", action="store_true", help="final_prune=false: return all k² candidates")
     return parser
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    return not args.quiet and (args.progress or sys.stderr.isatty())
+
+
+def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | None:
+    output = args.output or _default_output(args.input, args.command)
+    with _input(args.input) as src, _output(output) as dst:
+        bars = Bars(_size(src), "container" if args.command == "compress" else "text") \
+            if _show_progress(args) else None
+        try:
+            if args.command == "compress":
+                return client.compress_to(dst, src, progress=bars, top_k=args.top_k,
+                                          precision_bits=args.precision_bits, segment_tokens=args.segment_tokens,
+                                          context=args.context, verify=args.verify or None)
+            client.decompress_to(dst, src, progress=bars)
+            return None
+        finally:
+            if bars is not None:
+                bars.close()
+
+
+def _run(args: argparse.Namespace) -> None:
+    with CascadeClient(args.server, args.api_key, timeout=args.timeout) as client:
+        if args.command in ("compress", "decompress"):
+            stats = _codec(client, args)
+            if stats is not None and not args.quiet:
+                print(f"{stats.bytes_in} → {stats.bytes_out} bytes ({stats.bits_per_byte:.3f} bits/byte, "
+                      f"{stats.tokens} tokens, {stats.seconds:.1f} s)", file=sys.stderr)
+        elif args.command == "kcbs":
+            result = client.kcbs(args.prompt, args.beam_width, args.steps, target=args.target,
+                                 max_edit_distance=args.max_edit_distance, temperature=args.temperature,
+                                 eos=args.eos, final_prune=False if args.all_candidates else None)
+            print(json.dumps(result.raw, indent=1))
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with CascadeClient(args.server, args.api_key) as client:
-            if args.command == "compress":
-                with _open(args.input, "rb") as src, _open(args.output, "wb") as dst:
-                    stats = client.compress_to(dst, src, top_k=args.top_k, precision_bits=args.precision_bits,
-                                               verify=args.verify or None)
-                print(f"{stats.bytes_in} → {stats.bytes_out} bytes ({stats.bits_per_byte:.3f} bits/byte, "
-                      f"{stats.tokens} tokens, {stats.seconds:.1f} s)", file=sys.stderr)
-            elif args.command == "decompress":
-                with _open(args.input, "rb") as src, _open(args.output, "wb") as dst:
-                    client.decompress_to(dst, src)
-            elif args.command == "kcbs":
-                print(json.dumps(client.kcbs(args.prompt, args.beam_width, args.steps, target=args.target), indent=1))
+        _run(args)
     except CascadeError as exc:
-        print(f"cascade: error: {exc.message}", file=sys.stderr)
-        return 1
+        _fail(exc.message if not exc.status else f"{exc.message} (HTTP {exc.status})")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `| head`); say nothing more on a closed pipe.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stops Python's flush-at-exit error)
+        return EXIT_ERROR
     except OSError as exc:
-        print(f"cascade: error: {exc}", file=sys.stderr)
-        return 1
+        _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+        return EXIT_ERROR
     return 0
+
+
+def _fail(message: str) -> None:
+    print(f"cascade: error: {' '.join(message.split())}", file=sys.stderr)
