@@ -5,11 +5,25 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 
 from cascade_client.protocol import DEFAULT_SERVER, DUPLEX, CascadeConnectionError, RequestSpec, error_from_body
+
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+
+
+class ClientBase(Generic[H]):
+    """What the sync and the async client hold: the httpx client and whether uploads are duplex."""
+
+    def __init__(self, http: H, duplex: bool) -> None:
+        self._http: H = http
+        self._duplex = duplex
+
+    @property
+    def server(self) -> httpx.URL:
+        return self._http.base_url
 
 
 def client_options(server: str | None, api_key: str | None, timeout: float) -> dict[str, Any]:

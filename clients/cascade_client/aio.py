@@ -18,7 +18,7 @@ from typing import Any, TypeVar, Union
 import httpx
 
 from cascade_client import protocol
-from cascade_client._http import client_options, json_reply, request_args, transport_errors
+from cascade_client._http import ClientBase, client_options, json_reply, request_args, transport_errors
 from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
@@ -69,7 +69,7 @@ async def aflush_sink(sink: Any) -> None:
         flush_sink(sink)
 
 
-class AsyncCascadeClient:
+class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
     """The async ``CascadeClient``: same methods, arguments, results and exceptions, awaited.
 
     ``async with AsyncCascadeClient(url, key) as client: stats = await client.compress_to(dst, src)``.
@@ -77,13 +77,9 @@ class AsyncCascadeClient:
 
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
                  *, duplex: bool = True, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._duplex = duplex
-        self._http = httpx.AsyncClient(transport=transport or AsyncDuplexTransport(),
-                                       **client_options(server, api_key, timeout))
-
-    @property
-    def server(self) -> httpx.URL:
-        return self._http.base_url
+        options = client_options(server, api_key, timeout)
+        http = httpx.AsyncClient(transport=transport or AsyncDuplexTransport(), **options)
+        super().__init__(http, duplex)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -94,9 +90,9 @@ class AsyncCascadeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _stream(self, call: StreamCall[R], sink: AsyncSink, source: AsyncSource,
-                      progress: Progress | None) -> R:
-        """Upload ``source`` as the body, write each decoded reply chunk to ``sink`` as it arrives."""
+    async def _chunks(self, call: StreamCall[Any], source: AsyncSource,
+                      progress: Progress | None) -> AsyncIterator[bytes]:
+        """Upload ``source`` as the body; yield each decoded reply chunk as it arrives."""
         args = request_args(call.request, duplex=self._duplex, content=aiter_source(source, progress))
         with transport_errors(self.server):
             async with self._http.stream(**args) as response:
@@ -105,11 +101,21 @@ class AsyncCascadeClient:
                     json_reply(response)
                 async for chunk in response.aiter_raw():
                     for data in call.feed(chunk):
-                        await awrite_sink(sink, data)
                         if progress is not None:
                             progress.received(len(data))
+                        yield data
+
+    async def _stream(self, call: StreamCall[R], sink: AsyncSink, source: AsyncSource,
+                      progress: Progress | None) -> R:
+        async for data in self._chunks(call, source, progress):
+            await awrite_sink(sink, data)
         await aflush_sink(sink)
         return call.finish()
+
+    async def _iter(self, call: StreamCall[Any], source: AsyncSource) -> AsyncIterator[bytes]:
+        async for data in self._chunks(call, source, None):
+            yield data
+        call.finish()  # raises if the stream was cut short
 
     async def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
@@ -141,6 +147,13 @@ class AsyncCascadeClient:
         out = io.BytesIO()
         await self.decompress_to(out, container)
         return out.getvalue()
+
+    def iter_compress(self, source: AsyncSource, **options: Any) -> AsyncIterator[bytes]:
+        """The container as an async iterator of chunks (``async for chunk in client.iter_compress(f)``)."""
+        return self._iter(protocol.compress_call(**options), source)
+
+    def iter_decompress(self, source: AsyncSource) -> AsyncIterator[bytes]:
+        return self._iter(protocol.decompress_call(), source)
 
     async def kcbs(self, prompt: str, beam_width: int, steps: int, **params: Any) -> KcbsResult:
         """Top-k-constrained beam search (parameters as ``CascadeClient.kcbs``)."""

@@ -8,12 +8,13 @@ the body is still being sent, so inputs of any size stream through in constant m
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import httpx
 
 from cascade_client import protocol
-from cascade_client._http import client_options, json_reply, request_args, transport_errors
+from cascade_client._http import ClientBase, client_options, json_reply, request_args, transport_errors
 from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
 from cascade_client.duplex import SyncDuplexTransport
 from cascade_client.protocol import (
@@ -31,7 +32,7 @@ __all__ = ["CascadeClient", "CascadeError", "CompressStats", "DecompressStats", 
 R = TypeVar("R")
 
 
-class CascadeClient:
+class CascadeClient(ClientBase[httpx.Client]):
     """``compress_to``/``decompress_to`` stream between a source and a sink, never holding a whole
     file; ``compress``/``decompress`` are the in-memory conveniences; ``kcbs`` runs a beam search.
 
@@ -42,13 +43,8 @@ class CascadeClient:
 
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
                  *, duplex: bool = True, transport: httpx.BaseTransport | None = None) -> None:
-        self._duplex = duplex
-        self._http = httpx.Client(transport=transport or SyncDuplexTransport(),
-                                  **client_options(server, api_key, timeout))
-
-    @property
-    def server(self) -> httpx.URL:
-        return self._http.base_url
+        http = httpx.Client(transport=transport or SyncDuplexTransport(), **client_options(server, api_key, timeout))
+        super().__init__(http, duplex)
 
     def close(self) -> None:
         self._http.close()
@@ -59,8 +55,8 @@ class CascadeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
-        """Upload ``source`` as the body, write each decoded reply chunk to ``sink`` as it arrives."""
+    def _chunks(self, call: StreamCall[Any], source: Source, progress: Progress | None) -> Iterator[bytes]:
+        """Upload ``source`` as the body; yield each decoded reply chunk as it arrives."""
         args = request_args(call.request, duplex=self._duplex, content=iter_source(source, progress))
         with transport_errors(self.server), self._http.stream(**args) as response:
             if response.is_error:
@@ -68,11 +64,19 @@ class CascadeClient:
                 json_reply(response)
             for chunk in response.iter_raw():
                 for data in call.feed(chunk):
-                    write_sink(sink, data)
                     if progress is not None:
                         progress.received(len(data))
+                    yield data
+
+    def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
+        for data in self._chunks(call, source, progress):
+            write_sink(sink, data)
         flush_sink(sink)
         return call.finish()
+
+    def _iter(self, call: StreamCall[Any], source: Source) -> Iterator[bytes]:
+        yield from self._chunks(call, source, None)
+        call.finish()  # raises if the stream was cut short
 
     def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
@@ -99,7 +103,7 @@ class CascadeClient:
         return self._stream(protocol.decompress_call(), sink, source, progress)
 
     def compress(self, data: Source, **options: Any) -> bytes:
-        """The whole container in memory (use ``compress_to`` for large inputs)."""
+        """The whole container in memory (use ``compress_to`` or ``iter_compress`` for large inputs)."""
         out = io.BytesIO()
         self.compress_to(out, data, **options)
         return out.getvalue()
@@ -108,6 +112,14 @@ class CascadeClient:
         out = io.BytesIO()
         self.decompress_to(out, container)
         return out.getvalue()
+
+    def iter_compress(self, source: Source, **options: Any) -> Iterator[bytes]:
+        """The container as an iterator of chunks, each yielded as the server sends it."""
+        return self._iter(protocol.compress_call(**options), source)
+
+    def iter_decompress(self, source: Source) -> Iterator[bytes]:
+        """The original bytes as an iterator of verified segments."""
+        return self._iter(protocol.decompress_call(), source)
 
     def kcbs(self, prompt: str, beam_width: int, steps: int, **params: Any) -> KcbsResult:
         """Top-k-constrained beam search; ``params``: ``target``, ``max_edit_distance``, ``eos``,

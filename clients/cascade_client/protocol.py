@@ -285,54 +285,74 @@ def _truncated() -> CascadeError:
     return CascadeConnectionError(0, "the stream ended before its 'done' event (connection dropped?)")
 
 
-class CompressDecoder:
+class EventDecoder(Generic[R]):
+    """Base of the codec decoders: ``payload_event`` events carry sink bytes, ``done`` ends the
+    stream with the statistics, ``error`` raises. Subclasses say how to read the two."""
+
+    payload_event = "chunk"
+
+    def __init__(self) -> None:
+        self._done: Mapping[str, Any] | None = None
+
+    def feed(self, event: Event) -> bytes | None:
+        _raise_event_error(event)
+        if event.name == self.payload_event:
+            return self.payload(event.data)
+        if event.name == "done":
+            self._done = event.data
+        return None
+
+    def result(self) -> R:
+        if self._done is None:
+            raise _truncated()
+        return self.finish(self._done)
+
+    def payload(self, data: Mapping[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    def finish(self, done: Mapping[str, Any]) -> R:
+        raise NotImplementedError
+
+
+class CompressDecoder(EventDecoder[CompressStats]):
     """``chunk`` events carry base64 slices of the container, in order; ``done`` carries the stats."""
 
+    payload_event = "chunk"
+
     def __init__(self) -> None:
+        super().__init__()
         self._seq = 0
-        self._stats: CompressStats | None = None
 
-    def feed(self, event: Event) -> bytes | None:
-        _raise_event_error(event)
-        if event.name == "chunk":
-            if event.data.get("seq", self._seq) != self._seq:
-                raise CascadeError(0, f"chunk {event.data['seq']} arrived where chunk {self._seq} was due")
-            self._seq += 1
-            return base64.b64decode(event.data["data"])
-        if event.name == "done":
-            self._stats = CompressStats.from_event(event.data)
-        return None
+    def payload(self, data: Mapping[str, Any]) -> bytes:
+        if data.get("seq", self._seq) != self._seq:
+            raise CascadeError(0, f"chunk {data['seq']} arrived where chunk {self._seq} was due")
+        self._seq += 1
+        return base64.b64decode(data["data"])
 
-    def result(self) -> CompressStats:
-        if self._stats is None:
-            raise _truncated()
-        return self._stats
+    def finish(self, done: Mapping[str, Any]) -> CompressStats:
+        return CompressStats.from_event(done)
 
 
-class DecompressDecoder:
+class DecompressDecoder(EventDecoder[DecompressStats]):
     """``text`` events carry verified segments (UTF-8 text, or base64 when not UTF-8)."""
 
+    payload_event = "text"
+
     def __init__(self) -> None:
+        super().__init__()
         self._written = 0
-        self._stats: DecompressStats | None = None
 
-    def feed(self, event: Event) -> bytes | None:
-        _raise_event_error(event)
-        if event.name == "text":
-            data = event.data["text"].encode() if "text" in event.data else base64.b64decode(event.data["data_b64"])
-            self._written += len(data)
-            return data
-        if event.name == "done":
-            self._stats = DecompressStats(int(event.data.get("bytes", self._written)),
-                                          int(event.data.get("segments", 0)), bool(event.data.get("verified")))
-        return None
+    def payload(self, data: Mapping[str, Any]) -> bytes:
+        raw = data["text"].encode() if "text" in data else base64.b64decode(data["data_b64"])
+        self._written += len(raw)
+        return raw
 
-    def result(self) -> DecompressStats:
-        if self._stats is None:
-            raise _truncated()
-        if self._stats.bytes != self._written:
-            raise CascadeError(0, f"server reported {self._stats.bytes} bytes but sent {self._written}")
-        return self._stats
+    def finish(self, done: Mapping[str, Any]) -> DecompressStats:
+        stats = DecompressStats(int(done.get("bytes", self._written)), int(done.get("segments", 0)),
+                                bool(done.get("verified")))
+        if stats.bytes != self._written:
+            raise CascadeError(0, f"server reported {stats.bytes} bytes but sent {self._written}")
+        return stats
 
 
 @dataclass(frozen=True)

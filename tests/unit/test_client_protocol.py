@@ -193,3 +193,15 @@ def test_error_bodies_map_to_typed_exceptions() -> None:
     assert isinstance(error, ModelMismatchError) and error.message == "other model"
     plain = error_from_body(502, b"<html>bad gateway</html>")
     assert plain.status == 502 and "bad gateway" in plain.message
+
+
+def test_iter_compress_yields_chunks_as_they_arrive(fake_server: str) -> None:
+    data = b"q" * 150_000
+    with CascadeClient(fake_server) as client:
+        assert b"".join(client.iter_compress(data)) == _expand(data)
+
+    async def run() -> bytes:
+        async with AsyncCascadeClient(fake_server) as client:
+            return b"".join([chunk async for chunk in client.iter_compress(io.BytesIO(data))])
+
+    assert asyncio.run(run()) == _expand(data)
