@@ -32,7 +32,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engines = EngineManager(settings)
     codec = CodecPipeline(engines, settings.dtype, settings.max_model_len, settings.codec_max_num_seqs,
                           Limits(max_segments=settings.codec_max_segments,
-                                 max_total_original=settings.codec_max_output_bytes))
+                                 max_total_original=settings.codec_max_output_bytes,
+                                 max_context=settings.codec_max_context_bytes))
     if not settings.enable_codec:
         codec.unavailable_reason = "the codec is disabled on this server (CASCADE_ENABLE_CODEC=false)"
 

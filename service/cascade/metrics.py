@@ -31,6 +31,8 @@ class Metrics:
         self.engine_unfinished = Gauge("cascade_engine_unfinished_requests",
                                        "Requests queued or running in an engine", ["engine"], registry=r)
         self.kcbs_steps = Counter("cascade_kcbs_beam_steps", "k-CBS beam steps run", registry=r)
+        self.export_positions = Counter("cascade_export_positions", "Prompt positions exported as top-k "
+                                        "distributions", registry=r)
         self.accepted_prediction_tokens = Counter("cascade_accepted_prediction_tokens",
                                                   "Predicted tokens accepted by the engine", registry=r)
         self.rejected_prediction_tokens = Counter("cascade_rejected_prediction_tokens",
@@ -46,3 +48,6 @@ class Metrics:
         self.codec_ratio = Histogram("cascade_codec_compression_ratio", "Input bytes / container bytes",
                                      buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self.engine_ready = Gauge("cascade_engine_ready", "1 when every engine is up", registry=r)
+        self.engine_live_state = Gauge("cascade_engine_live_state", "Per-request state held inside an engine's "
+                                       "worker (refreshed on scrape)", ["engine", "kind"], registry=r)
+        self.kcbs_live_searches = Gauge("cascade_kcbs_live_searches", "k-CBS searches running", registry=r)

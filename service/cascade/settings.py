@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
     codec_max_output_bytes: int = Field(1 << 30, ge=1, description="Largest total output a container may declare.")
     codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")
+    codec_max_context_bytes: int = Field(65536, ge=0, description="Largest /compress context (and container "
+                                         "header context on /decompress).")
     codec_selftest: bool = Field(True, description="Round-trip a sample through the engine at startup.")
     codec_selftest_fault: bool = Field(False, description="Testing only: corrupt the self-test on purpose.")
     # k-CBS

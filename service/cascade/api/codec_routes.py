@@ -152,8 +152,8 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
         precision_bits=params.precision_bits or settings.codec_precision_bits,
         segment_tokens=params.segment_tokens or settings.codec_segment_tokens,
         context=(params.context or "").encode("utf-8"), verify=params.verify)
-    if len(options.context) > 64 * 1024:
-        raise APIError(400, "context may be at most 65536 bytes", param="context")
+    if len(options.context) > settings.codec_max_context_bytes:
+        raise APIError(400, f"context may be at most {settings.codec_max_context_bytes} bytes", param="context")
     if options.top_k >= codec.vocab_size:
         raise APIError(400, f"top_k must be below the vocabulary size {codec.vocab_size}", param="top_k")
     if codec.max_segment_tokens(len(codec.context_tokens(options.context))) < 16:

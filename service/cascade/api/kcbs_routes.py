@@ -102,7 +102,13 @@ async def kcbs(body: KcbsRequest, request: Request, settings: Settings = Depends
         raise APIError(400, f"steps may be at most {settings.max_kcbs_steps}", param="steps")
     if body.beam_width ** 2 > settings.max_kcbs_candidates:
         raise APIError(400, f"beam_width² may be at most {settings.max_kcbs_candidates}", param="beam_width")
+    if body.target is not None and body.max_edit_distance > body.steps:
+        raise APIError(400, f"max_edit_distance may be at most steps ({body.steps})", param="max_edit_distance")
     target = await _target_ids(body, engines)
+    if target is not None and len(target) > body.steps + body.max_edit_distance:
+        raise APIError(400, f"target has {len(target)} tokens: a {body.steps}-token sequence is never within "
+                            f"{body.max_edit_distance} edits of more than {body.steps + body.max_edit_distance}",
+                       param="target")
     eos_id = engines.tokenizer.eos_token_id
     search = KcbsSearch(body.beam_width, body.steps, body.final_prune, eos_id, body.eos)
     rid = request_id(request)

@@ -136,7 +136,7 @@ class GatewayMiddleware:
 
 
 _KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/kcbs", "/compress",
-                 "/decompress", "/health", "/ready", "/metrics")
+                 "/decompress", "/health", "/ready", "/metrics", "/ops/live-state")
 
 
 def _route_label(path: str) -> str:

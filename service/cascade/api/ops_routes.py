@@ -1,6 +1,9 @@
-"""Operations: liveness, readiness and Prometheus metrics."""
+"""Operations: liveness, readiness, Prometheus metrics and live per-request state."""
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -9,7 +12,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from cascade.api.deps import get_engines, get_metrics
 from cascade.api.errors import error_body
 from cascade.engine.manager import EngineManager
+from cascade.kcbs.engine_driver import live_searches
 from cascade.metrics import Metrics
+
+logger = logging.getLogger("cascade.ops")
 
 router = APIRouter(tags=["operations"])
 
@@ -38,4 +44,23 @@ async def metrics(engines: EngineManager = Depends(get_engines), m: Metrics = De
     m.engine_ready.set(1 if engines.ready else 0)
     for role, count in engines.unfinished_requests().items():
         m.engine_unfinished.labels(role).set(count)
+    m.kcbs_live_searches.set(live_searches())
+    if engines.ready:
+        try:
+            state = await engines.live_state(timeout=2.0)
+        except Exception as exc:  # a busy or dying engine: keep the last values, never fail the scrape
+            logger.warning("live-state query failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        else:
+            for role, counts in state.items():
+                for kind, value in counts.items():
+                    m.engine_live_state.labels(role, kind).set(value)
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/ops/live-state")
+async def live_state(engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
+    """Live per-request state: inside each engine (its unfinished requests, vLLM's runner requests
+    and batch rows, the codec's logits-processor rows, the proposer's prediction states) and in the
+    gateway (k-CBS searches). All zero on an idle service; needs the API key like every route but
+    ``/health``."""
+    return {"engines": await engines.live_state(), "gateway": {"kcbs_searches": live_searches()}}

@@ -32,6 +32,7 @@ class _RowState:
     output_tokens: list[int]
     decoder: Decoder | None = None
     decoded: list[int] = field(default_factory=list)
+    failed: bool = False
 
 
 def _codec_args(params: Any) -> CodecArgs | None:
@@ -54,6 +55,10 @@ class CodecLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.rows: dict[int, _RowState] = {}
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
+
+    def live_rows(self) -> int:
+        """Codec rows this processor holds state for (counted by the gateway's leak checks)."""
+        return len(self.rows)
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -101,7 +106,16 @@ class CodecLogitsProcessor(LogitsProcessor):
         for index, state in self.rows.items():
             if index >= logits.shape[0]:
                 continue
-            token = self._next_token(state, logits[index])
+            try:
+                token = self._next_token(state, logits[index])
+            except Exception:
+                # An exception here would kill the engine process (and every request in it). A
+                # payload that cannot be decoded only spoils its own row: the forced token makes
+                # the segment fail its CRC in the gateway, which answers 422.
+                state.failed = True
+                token = 0
+            if state.failed:
+                token = 0
             logits[index].fill_(float("-inf"))
             logits[index, token] = 0.0
         return logits

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from cascade.engine.config import EngineRole, engine_kwargs, engine_roles
 from cascade.engine.fingerprint import model_fingerprint
+from cascade.engine.worker_state import RPC_METHOD, WORKER_EXTENSION, merge_counts
 from cascade.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class EngineManager:
             self.fingerprint = await asyncio.to_thread(model_fingerprint, self.settings.model)
 
             async def start_one(role: EngineRole) -> None:
-                args = AsyncEngineArgs(**engine_kwargs(self.settings, role))
+                args = AsyncEngineArgs(**engine_kwargs(self.settings, role), worker_extension_cls=WORKER_EXTENSION)
                 self.engines[role] = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
                 logger.info("engine started", extra={"role": role.value, "seconds": time.monotonic() - t0})
 
@@ -100,6 +101,18 @@ class EngineManager:
     def unfinished_requests(self) -> dict[str, int]:
         """Requests each engine still holds (queued or running)."""
         return {role.value: engine.get_num_unfinished_requests() for role, engine in self.engines.items()}
+
+    async def live_state(self, timeout: float = 5.0) -> dict[str, dict[str, int]]:
+        """Per engine: unfinished requests plus the per-request state its worker holds (vLLM's and
+        Cascade's codec rows and prediction states; see ``worker_state``). Dead engines are skipped."""
+        async def one(role: EngineRole, engine: AsyncLLM) -> tuple[str, dict[str, int]]:
+            per_worker = await asyncio.wait_for(engine.collective_rpc(RPC_METHOD), timeout)
+            counts = merge_counts(list(per_worker))
+            counts["unfinished_requests"] = engine.get_num_unfinished_requests()
+            return role.value, counts
+
+        live = [(role, engine) for role, engine in self.engines.items() if not engine.errored]
+        return dict(await asyncio.gather(*(one(role, engine) for role, engine in live)))
 
     async def generate(
         self,

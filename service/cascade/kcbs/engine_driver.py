@@ -46,13 +46,30 @@ async def _row_topk(engines: EngineManager, prompt: Sequence[int], row: BeamRow,
     return ids, logprobs
 
 
+_LIVE_SEARCHES: set[str] = set()
+
+
+def live_searches() -> int:
+    """k-CBS searches running in this process (the leak checks and ``/metrics`` read it)."""
+    return len(_LIVE_SEARCHES)
+
+
 async def run_search(engines: EngineManager, prompt: Sequence[int], search: KcbsSearch, k: int,
                      eos_id: int | None, temperature: float, request_id: str) -> AsyncIterator[KcbsSearch]:
-    """Advance ``search`` to the end, yielding it after every step (for streaming the live beam)."""
-    while not search.done:
-        rows = search.pending()
-        results = await asyncio.gather(*(
-            _row_topk(engines, prompt, row, k, search.mask_eos, eos_id, temperature,
-                      f"{request_id}-s{search.step}-r{i}") for i, row in enumerate(rows)))
-        search.advance(results)
-        yield search
+    """Advance ``search`` to the end, yielding it after every step (for streaming the live beam).
+
+    If the consumer goes away (client disconnect), closing or cancelling this generator cancels the
+    step's row requests, which aborts them in the engine.
+    """
+    token = f"{request_id}/{id(search)}"
+    _LIVE_SEARCHES.add(token)
+    try:
+        while not search.done:
+            rows = search.pending()
+            results = await asyncio.gather(*(
+                _row_topk(engines, prompt, row, k, search.mask_eos, eos_id, temperature,
+                          f"{request_id}-s{search.step}-r{i}") for i, row in enumerate(rows)))
+            search.advance(results)
+            yield search
+    finally:
+        _LIVE_SEARCHES.discard(token)

@@ -59,16 +59,25 @@ class StaticTextProposer:
             self.logs[req_id] = log
         return state
 
-    def _forget_finished(self) -> None:
-        for req_id in [r for r in self.states if r not in self._requests]:
-            del self.states[req_id]
+    def release_finished(self) -> int:
+        """Drop the state of every request the runner no longer holds; returns how many.
+
+        ``requests`` is the runner's own dict (bound by reference), so this is right at any time:
+        before each ``propose`` and when the gateway counts live state (a request that finishes in
+        the batch's last step is otherwise only forgotten at the next ``propose``).
+        """
+        finished = [r for r in self.states if r not in self._requests]
+        finished += [r for r in self.logs if r not in self._requests and r not in self.states]
+        for req_id in finished:
+            self.states.pop(req_id, None)
             log = self.logs.pop(req_id, None)
             if log is not None:
                 log.close()
+        return len(finished)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
-        self._forget_finished()
+        self.release_finished()
         drafts: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):
             req_id = self._rows[row] if row < len(self._rows) else None

@@ -1,0 +1,415 @@
+"""Reliability under faults: aborted streams leak no state, engine death, SIGTERM drain, overload,
+and a hostile-input fuzz of ``/decompress`` on the live service."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import signal
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.integration.conftest import MODEL, Service, start_service, stop_service, wait_until_idle
+
+PREDICTION = "".join(f"def handler_{i}(event):\n    return {{'id': {i}, 'ok': True}}\n\n" for i in range(40))
+CODE = "".join(f"def function_{i}(alpha, beta):\n    total = alpha * {i} + beta\n    return total - {i}\n\n"
+               for i in range(30))
+LIVE_KINDS = ("runner_requests", "batch_rows", "codec_rows", "prediction_states", "prediction_debug_logs",
+              "unfinished_requests")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def live_state(service: Service) -> dict[str, Any]:
+    r = httpx.get(f"{service.base_url}/ops/live-state", headers=service.headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def live_total(state: dict[str, Any]) -> int:
+    counts = [v for engine in state["engines"].values() for k, v in engine.items() if k in LIVE_KINDS]
+    assert all(c >= 0 for c in counts), f"a counter could not be read: {state}"
+    return sum(counts) + int(state["gateway"]["kcbs_searches"])
+
+
+def wait_live_zero(service: Service, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    state = live_state(service)
+    while live_total(state) and time.monotonic() < deadline:
+        time.sleep(0.3)
+        state = live_state(service)
+    return state
+
+
+def engine_core_processes(pid: int) -> list[psutil.Process]:
+    """The service's vLLM engine-core child processes (vLLM titles them ``VLLM::EngineCore…``)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _poll_max(read: Any, timeout: float = 5.0) -> int:
+    """The largest value ``read()`` gives within ``timeout`` (stops at the first non-zero one)."""
+    deadline = time.monotonic() + timeout
+    value = int(read())
+    while not value and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = int(read())
+    return value
+
+
+def _read_some(response: httpx.Response, lines: int) -> list[str]:
+    seen: list[str] = []
+    for line in response.iter_lines():
+        if line:
+            seen.append(line)
+        if len(seen) >= lines:
+            break
+    return seen
+
+
+# ------------------------------------------------------------------------------- leaks after aborts
+
+
+def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Service) -> None:
+    """Clients that drop chat-with-prediction, /compress, /decompress and k-CBS streams mid-way leave
+    no request in any engine, no codec logits-processor row, no proposer state and no k-CBS search."""
+    assert live_total(wait_live_zero(service)) == 0, "the service must start idle for this test"
+    with service.client() as client:
+        made = client.post("/compress", json={"text": CODE, "segment_tokens": 32})
+        assert made.status_code == 200, made.text
+        container = made.content
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "write handlers"}], "max_tokens": 600,
+            "ignore_eos": True, "temperature": 1.0, "stream": True,
+            "prediction": {"type": "content", "content": PREDICTION}}
+    compress_body = {"text": CODE * 2, "segment_tokens": 64}
+    kcbs = {"model": MODEL, "prompt": "import os\n\ndef ", "beam_width": 8, "steps": 60, "stream": True}
+    sse = {"accept": "text/event-stream"}
+    seen_inside: dict[str, int] = {}
+    rounds = 4
+    with service.client() as client:
+        for i in range(rounds):
+            with client.stream("POST", "/v1/chat/completions", json={**chat, "seed": i}) as r:
+                assert r.status_code == 200
+                assert any(line.startswith("data: {") for line in _read_some(r, 4))
+                if i == 0:  # the counters see live state while a request runs
+                    seen_inside["prediction_states"] = _poll_max(
+                        lambda: live_state(service)["engines"]["predict"]["prediction_states"])
+            with client.stream("POST", "/compress", json=compress_body, headers=sse) as r:
+                assert r.status_code == 200
+                assert _read_some(r, 2)[0] == "event: chunk"
+                if i == 0:
+                    seen_inside["codec_rows"] = _poll_max(lambda: live_state(service)["engines"]["codec"]["codec_rows"])
+            with client.stream("POST", "/decompress", content=container,
+                               headers={**sse, "content-type": "application/octet-stream"}) as r:
+                assert r.status_code == 200
+                assert _read_some(r, 2)[0] == "event: text"
+            with client.stream("POST", "/v1/kcbs", json=kcbs) as r:
+                assert r.status_code == 200
+                assert _read_some(r, 1)[0].startswith("data: {")
+                if i == 0:
+                    seen_inside["kcbs_searches"] = _poll_max(lambda: live_state(service)["gateway"]["kcbs_searches"])
+    # Plain (non-streaming) requests whose client gives up are aborted too.
+    for path, body in (("/v1/chat/completions", {**chat, "stream": False}),
+                       ("/v1/kcbs", {**kcbs, "stream": False})):
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=service.base_url, headers=service.headers,
+                                                            timeout=httpx.Timeout(30, read=1.5)) as client:
+            client.post(path, json=body)
+    assert seen_inside == {"prediction_states": 1, "codec_rows": 1, "kcbs_searches": 1}, seen_inside
+    assert wait_until_idle(service) == 0
+    state = wait_live_zero(service)
+    assert live_total(state) == 0, f"live state left after {rounds} rounds of aborted streams: {state}"
+    metrics = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=30).text
+    assert 'cascade_engine_live_state{engine="codec",kind="codec_rows"} 0.0' in metrics
+    assert "cascade_kcbs_live_searches 0.0" in metrics
+
+
+def test_live_state_route_needs_the_api_key(service: Service) -> None:
+    assert httpx.get(f"{service.base_url}/ops/live-state", timeout=10).status_code == 401
+
+
+# ------------------------------------------------------------------------------ /decompress fuzzing
+
+
+def _header_len(container: bytes) -> int:
+    pos = 4 + 1 + 32 + 1 + 2 + 4
+    pos += 1 + container[pos]
+    (params,) = struct.unpack_from("<H", container, pos)
+    pos += 2 + params
+    (context,) = struct.unpack_from("<I", container, pos)
+    return pos + 4 + context + 4
+
+
+def _with_crc(body: bytes) -> bytes:
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _fuzz_inputs(container: bytes, rng: random.Random) -> Iterator[tuple[str, bytes | dict[str, Any]]]:
+    """(kind, raw container bytes or a JSON body) — random, damaged and adversarial inputs."""
+    hlen = _header_len(container)
+    header_body = container[:hlen - 4]
+    rest = container[hlen:]
+    for n in (0, 1, 3, 4, 5, 16, 64, 300, 5000):
+        yield "random", rng.randbytes(n)
+    for _ in range(50):
+        yield "random", b"CSCZ\x02" + rng.randbytes(rng.randrange(0, 400))
+    for _ in range(100):
+        flipped = bytearray(container)
+        for _ in range(rng.choice((1, 1, 2, 8))):
+            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        yield "bitflip", bytes(flipped)
+    for cut in sorted({rng.randrange(len(container)) for _ in range(60)} | {0, 1, hlen - 1, hlen, len(container) - 1}):
+        yield "truncated", container[:cut]
+    for _ in range(20):
+        at = rng.randrange(len(container))
+        yield "overwrite", container[:at] + rng.randbytes(rng.randrange(1, 32)) + container[at + 32:]
+    yield "trailing", container + b"\x00"
+    yield "doubled", container + container
+    # Adversarial headers with valid checksums: the reader must check declared sizes, not trust them.
+    head = bytearray(header_body)
+    dtype_at = 4 + 1 + 32 + 1 + 2 + 4
+    params_at = dtype_at + 1 + head[dtype_at]
+    for params_len in (0xFFFF, 60000, 2):
+        forged = bytes(head[:params_at]) + struct.pack("<H", params_len) + bytes(head[params_at + 2:])
+        yield "header_params_len", _with_crc(forged) + rest
+    context_at = params_at + 2 + struct.unpack_from("<H", head, params_at)[0]
+    for context_len in (0xFFFFFFFF, 1 << 30, 1 << 21, 7):
+        forged = bytes(head[:context_at]) + struct.pack("<I", context_len) + bytes(head[context_at + 4:])
+        yield "header_context_len", _with_crc(forged) + rest
+    for precision, top_k, vocab in ((0, 64, 8192), (32, 0, 8192), (32, 65535, 8192), (16, 1, 8192), (32, 64, 1),
+                                    (32, 64, 0xFFFFFFFF), (24, 8191, 8192)):
+        forged = bytearray(head)
+        struct.pack_into("<BHI", forged, 4 + 1 + 32, precision, top_k, vocab)
+        yield "header_params", _with_crc(bytes(forged)) + rest
+    for params in (b"[" * 4000 + b"]" * 4000, b'{"a": ' + b"9" * 5000 + b"}", b"\xff\xfe", b"null", b'"x"'):
+        forged = bytes(head[:params_at]) + struct.pack("<H", len(params)) + params + bytes(head[context_at:])
+        yield "header_params_json", _with_crc(forged) + rest
+    forged = bytes(head[:dtype_at]) + b"\x04\xff\xfe\xfd\xfc" + bytes(head[params_at:])
+    yield "header_dtype", _with_crc(forged) + rest
+    forged = bytes(head[:context_at]) + struct.pack("<I", 2) + b"\xff\xff" + bytes(head[context_at + 4:])
+    yield "header_context_utf8", _with_crc(forged) + rest
+    # Segment records with hostile declared sizes and valid record checksums.
+    for kind, tokens, orig, payload_len in ((0, 5, 10, 0xFFFFFFFF), (0, 5, 0xFFFFFFFF, 4), (1, 0, 1 << 30, 1 << 30),
+                                            (7, 1, 1, 1), (1, 3, 4, 4), (0, 0, 4, 4), (0, 0xFFFFFFFF, 4, 4)):
+        record = struct.pack("<cBIIII", b"S", kind, tokens, orig, 0, payload_len)
+        body = record + b"\x00" * min(payload_len, 4)
+        yield "segment_sizes", container[:hlen] + _with_crc(body)
+    many = container[:hlen] + b"".join(_with_crc(struct.pack("<cBIIII", b"S", 1, 0, 1, zlib.crc32(b"a"), 1) + b"a")
+                                      for _ in range(2000))
+    yield "many_segments", many + struct.pack("<cIQ", b"E", 2000, 2000) + b"\x00\x00\x00\x00"
+    yield "trailer_lies", container[:hlen] + _with_crc(struct.pack("<cIQ", b"E", 5, 100))[:-4] + b"\x00" * 4
+    # JSON bodies: bad base64, wrong types, unknown fields.
+    good_b64 = base64.b64encode(container).decode()
+    for data in ("%%%", "QUJD=", good_b64[:-3], good_b64 + "!", "A" * 4001, ""):
+        yield "json_base64", {"data": data}
+    for body in ({"data": 5}, {"data": None}, {}, {"data": good_b64, "extra": 1}, {"data": good_b64, "model": "x"},
+                 {"data": ["a"]}):
+        yield "json_shape", body
+    for _ in range(30):
+        damaged = bytearray(container)
+        damaged[rng.randrange(len(damaged))] ^= 0xFF
+        yield "json_bitflip", {"data": base64.b64encode(bytes(damaged)).decode()}
+
+
+def test_decompress_fuzz_answers_4xx_quickly_never_500(service: Service) -> None:
+    with service.client() as client:
+        made = client.post("/compress", json={"text": 'print("hi")\n' * 8 + "x = 1\n", "segment_tokens": 16})
+        assert made.status_code == 200, made.text
+        container = made.content
+        assert client.post("/decompress", content=container,
+                           headers={"content-type": "application/octet-stream"}).status_code == 200
+        rng = random.Random(7)
+        tried: dict[str, int] = {}
+        slowest: dict[str, float] = {}
+        for n, (kind, value) in enumerate(_fuzz_inputs(container, rng)):
+            use_sse = n % 7 == 0
+            headers = {"accept": "text/event-stream"} if use_sse else {}
+            started = time.monotonic()
+            if isinstance(value, dict):
+                r = client.post("/decompress", json=value, headers=headers)
+            else:
+                r = client.post("/decompress", content=value,
+                                headers={**headers, "content-type": "application/octet-stream"})
+            elapsed = time.monotonic() - started
+            slowest[kind] = max(slowest.get(kind, 0.0), elapsed)
+            tried[kind] = tried.get(kind, 0) + 1
+            assert r.status_code != 500 and r.status_code < 503, (kind, r.status_code, r.text[:300])
+            if r.status_code == 200 and use_sse:
+                events = r.text.split("\n\n")
+                failed = [e for e in events if e.startswith("event: error")]
+                if failed:
+                    error = json.loads(failed[0].split("data: ", 1)[1])["error"]
+                    assert error["code"] != "internal_error", (kind, error)
+            elif r.status_code != 200:
+                assert 400 <= r.status_code < 500, (kind, r.status_code)
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            assert elapsed < 10, (kind, elapsed)
+        total = sum(tried.values())
+        print(f"\n/decompress fuzz: {total} inputs {tried}; slowest per kind "
+              f"{ {k: round(v, 2) for k, v in slowest.items()} }")
+        assert total >= 300
+        # A damaged container never produced bytes other than the original's: 200 only for exact copies.
+        assert client.post("/decompress", content=container,
+                           headers={"content-type": "application/octet-stream"}).status_code == 200
+    assert wait_until_idle(service) == 0
+
+
+# ---------------------------------------------------------------------------- engine death → exit 1
+
+
+def test_engine_death_fails_inflight_with_503_and_exits_non_zero(tmp_path_factory: pytest.TempPathFactory) -> None:
+    svc = start_service(tmp_path_factory.mktemp("kill"), ["--no-enable-predictions", "--no-enable-codec"])
+    results: list[httpx.Response | Exception] = []
+    streamed: list[str] = []
+    try:
+        cores = engine_core_processes(svc.process.pid)
+        assert len(cores) == 1, [c.cmdline() for c in psutil.Process(svc.process.pid).children(recursive=True)]
+        body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 900, "ignore_eos": True, "temperature": 1.0}
+
+        def plain() -> None:
+            try:
+                results.append(httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers,
+                                          timeout=120))
+            except httpx.HTTPError as exc:
+                results.append(exc)
+
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", f"{svc.base_url}/v1/completions", json={**body, "stream": True},
+                                  headers=svc.headers, timeout=120) as r:
+                    streamed.extend(line for line in r.iter_lines() if line)
+            except httpx.HTTPError as exc:
+                streamed.append(f"transport error: {exc}")
+
+        threads = [threading.Thread(target=plain) for _ in range(3)] + [threading.Thread(target=stream)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        os.kill(cores[0].pid, signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=90)
+        try:
+            ready = httpx.get(f"{svc.base_url}/ready", headers=svc.headers, timeout=5)
+            assert ready.status_code == 503 and "engine" in ready.json()["error"]["message"]
+        except httpx.TransportError:
+            pass  # already gone: also acceptable, the supervisor sees the exit
+        code = svc.process.wait(timeout=90)
+    finally:
+        stop_service(svc)
+    assert len(results) == 3
+    for r in results:
+        assert isinstance(r, httpx.Response), r
+        assert r.status_code == 503, r.text
+        error = r.json()["error"]
+        assert error["code"] == "engine_unavailable" and "engine" in error["message"]
+        assert r.headers.get("retry-after")
+    errors = [json.loads(line[6:]) for line in streamed if line.startswith("data: {\"error\"")]
+    assert errors and errors[0]["error"]["code"] == "engine_unavailable", streamed[-3:]
+    assert code != 0, "an engine death must exit non-zero so a supervisor restarts the service"
+    log = svc.log_tail(20000)
+    assert "stopping the service" in log
+
+
+# ------------------------------------------------------------ a small-limits service: overload, drain
+
+
+@pytest.fixture(scope="module")
+def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_service(tmp_path_factory.mktemp("tight"), [
+        "--no-enable-predictions", "--no-enable-codec", "--max-concurrent-requests", "3",
+        "--max-tokens-limit", "300", "--drain-seconds", "60"])
+    yield svc
+    stop_service(svc)
+
+
+def test_overload_answers_429_with_retry_after_instead_of_hanging(tight_service: Service) -> None:
+    svc = tight_service
+    body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 300, "ignore_eos": True}
+    done: list[int] = []
+
+    def slow() -> None:
+        done.append(httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers,
+                               timeout=120).status_code)
+
+    threads = [threading.Thread(target=slow) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    r = httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers, timeout=30)
+    assert time.monotonic() - started < 2
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "overloaded" and r.json()["error"]["type"] == "rate_limit_error"
+    assert httpx.get(f"{svc.base_url}/health", timeout=5).status_code == 200  # ops routes are not admitted
+    for t in threads:
+        t.join(timeout=120)
+    assert done == [200, 200, 200]
+
+
+def test_max_tokens_over_the_configured_limit_is_400(tight_service: Service) -> None:
+    r = httpx.post(f"{tight_service.base_url}/v1/completions", headers=tight_service.headers, timeout=30,
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 301})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    assert "300" in r.json()["error"]["message"]
+
+
+def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Service) -> None:
+    """Runs last in this module: it stops the tight service."""
+    svc = tight_service
+    cores = engine_core_processes(svc.process.pid)
+    assert cores
+    body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 250, "ignore_eos": True, "temperature": 1.0}
+    results: list[dict[str, Any] | str] = []
+
+    def one(stream: bool) -> None:
+        try:
+            if stream:
+                with httpx.stream("POST", f"{svc.base_url}/v1/completions", headers=svc.headers, timeout=120,
+                                  json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+                    lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+                usage = json.loads(lines[-1][6:])["usage"]
+                results.append({"status": r.status_code, "completion_tokens": usage["completion_tokens"]})
+            else:
+                r = httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers, timeout=120)
+                results.append({"status": r.status_code, "completion_tokens": r.json()["usage"]["completion_tokens"]})
+        except Exception as exc:
+            results.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(False,)), threading.Thread(target=one, args=(False,)),
+               threading.Thread(target=one, args=(True,))]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    assert wait_until_idle(svc, timeout=0) > 0, "requests must be in flight when SIGTERM arrives"
+    sent = time.monotonic()
+    svc.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    with pytest.raises(httpx.TransportError):  # the listening socket is closed: new work is refused
+        httpx.post(f"{svc.base_url}/v1/completions", json={**body, "max_tokens": 2}, headers=svc.headers, timeout=5)
+    for t in threads:
+        t.join(timeout=120)
+    code = svc.process.wait(timeout=120)
+    assert results == [{"status": 200, "completion_tokens": 250}] * 3, results
+    assert code == 0
+    assert time.monotonic() - sent < 60
+    _, alive = psutil.wait_procs(cores, timeout=30)
+    assert not alive, f"orphan engine processes after shutdown: {alive}"
+    assert "engines stopped" in Path(svc.log_path).read_text(errors="replace")
