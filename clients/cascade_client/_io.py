@@ -8,8 +8,10 @@ The async client adds async readers/writers on top of these (see ``aio``).
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import IO, Any, Union
 
 from cascade_client.protocol import CHUNK, Progress
@@ -56,3 +58,42 @@ def flush_sink(sink: Any) -> None:
     flush = getattr(sink, "flush", None)
     if callable(flush):
         flush()
+
+
+_END = object()
+
+
+async def from_thread(chunks: Iterator[bytes], depth: int = 4) -> AsyncIterator[bytes]:
+    """A blocking iterator (file, pipe, socket reads) as an async one, read on a daemon thread.
+
+    Not ``asyncio.to_thread``: its executor threads are joined at interpreter exit, so a read
+    blocked on a silent stdin would keep an interrupted or failed command from ever exiting. At
+    most ``depth`` chunks are read ahead; when the consumer stops, the thread stops after its
+    current read.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(depth)
+    stop = threading.Event()
+
+    def pump() -> None:
+        item: Any = _END
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+        except BaseException as exc:  # handed to the consumer, raised there
+            item = exc
+        if not stop.is_set():
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+    threading.Thread(target=pump, name="cascade-source", daemon=True).start()
+    try:
+        while (item := await queue.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while not queue.empty():  # unblock a pending put so the thread can see ``stop``
+            queue.get_nowait()

@@ -19,7 +19,7 @@ import httpx
 
 from cascade_client import protocol
 from cascade_client._http import ClientBase, client_options, json_reply, request_args, transport_errors
-from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
+from cascade_client._io import Sink, Source, flush_sink, from_thread, iter_source, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
 
@@ -45,8 +45,7 @@ async def aiter_source(source: AsyncSource, progress: Progress | None = None) ->
                     progress.sent(len(chunk))
                 yield bytes(chunk)
     else:
-        chunks = iter_source(source, progress)
-        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+        async for chunk in from_thread(iter_source(source, progress)):
             yield chunk
 
 

@@ -56,7 +56,10 @@ def _size(handle: IO[bytes]) -> int | None:
 @contextlib.contextmanager
 def _input(path: str) -> Iterator[IO[bytes]]:
     if path == "-":
-        yield sys.stdin.buffer
+        # Unbuffered fd 0, not sys.stdin.buffer: the reader thread may still be blocked in a read
+        # when we exit after an error, and a buffered stdin's lock would then abort the interpreter.
+        with open(sys.stdin.fileno(), "rb", buffering=0, closefd=False) as raw:
+            yield raw
         return
     with open(path, "rb") as handle:
         yield handle

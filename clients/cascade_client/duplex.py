@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import h11
 import httpx
 
+from cascade_client._io import from_thread
 from cascade_client.protocol import CHUNK, DUPLEX
 
 T = TypeVar("T")
@@ -173,7 +174,7 @@ class _AsyncSource(httpx.AsyncByteStream):
         self._iterator = iter(stream)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        while (chunk := await asyncio.to_thread(next, self._iterator, None)) is not None:
+        async for chunk in from_thread(self._iterator):
             yield chunk
 
 
