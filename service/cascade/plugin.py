@@ -1,9 +1,10 @@
 """Cascade's vLLM general plugin: runs in every vLLM process (API, engine core, workers).
 
 It checks that the installed vLLM is the one Cascade's extensions were written against, then
-installs the single internal hook Cascade needs (the static-text proposer learning which request
-sits in each batch row). The extensions themselves (logits processors, the proposer class) are
-passed to each engine explicitly, so each engine role gets exactly the ones it needs.
+installs the two internal hooks Cascade needs: the static-text proposer learning which request
+sits in each batch row, and export requests' prompt logits passing through the sampling stack.
+The extensions themselves (logits processors, the proposer class) are passed to each engine
+explicitly, so each engine role gets exactly the ones it needs.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def check_vllm_version(version: str | None = None) -> str:
 def register() -> None:
     """Entry point ``vllm.general_plugins: cascade``; safe to call many times."""
     version = check_vllm_version()
+    from cascade.export.vllm_hook import install_export_hook
     from cascade.predict.vllm_hook import install_bind_batch_hook
 
     install_bind_batch_hook()
+    install_export_hook()
     logger.debug("cascade plugin loaded on vLLM %s", version)

@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(256, ge=1, description="In-flight requests before 429.")
     max_stop_sequences: int = Field(8, ge=0, description="Largest number of stop strings.")
     max_top_logprobs: int = Field(20, ge=0, description="Largest top_logprobs / logprobs.")
+    max_export_top_k: int = Field(1024, ge=1, le=65536, description="Largest compression_top_k of a top-k export.")
 
     @model_validator(mode="after")
     def _default_served_name(self) -> Settings:

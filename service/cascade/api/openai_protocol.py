@@ -37,6 +37,8 @@ class SamplingFields(StrictModel):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
+    allowed_token_ids: Annotated[list[int], Field(min_length=1)] | None = None
+    bad_words: list[str] | None = None
     user: str | None = None
 
     @field_validator("stop")
@@ -86,6 +88,8 @@ class CompletionRequest(SamplingFields, PredictionFields):
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
     codec: CodecField | None = None
+    compression: bool = False
+    compression_top_k: int = 100
 
 
 class TextPart(StrictModel):
@@ -122,3 +126,11 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
+
+
+class TokenizeRequest(StrictModel):
+    """``POST /v1/tokenize`` (vLLM's shape): lets clients cut a corpus into model-sized windows."""
+
+    model: str
+    prompt: str
+    add_special_tokens: bool = False

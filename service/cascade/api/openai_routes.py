@@ -15,10 +15,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
-from cascade.api.openai_protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from cascade.api.openai_protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+    TokenizeRequest,
+)
 from cascade.api.predictions import PredictionUsage, prediction_args
 from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
+from cascade.api.topk_export import export_completion
 from cascade.codec.params import CodecArgs
 from cascade.codec.sampling_codec import SamplingEncoder
 from cascade.engine.config import EngineRole
@@ -275,6 +282,18 @@ async def list_models(settings: Settings = Depends(get_settings),
                                         "max_model_len": settings.max_model_len}]}
 
 
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_settings),
+                   engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
+    check_model(body.model, settings)
+    engines.engine()
+    if body.add_special_tokens:
+        ids = list(await asyncio.to_thread(engines.tokenizer.encode, body.prompt, add_special_tokens=True))
+    else:
+        ids = await _tokenize(engines, body.prompt)
+    return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
+
+
 @router.post("/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request, settings: Settings = Depends(get_settings),
                       engines: EngineManager = Depends(get_engines),
@@ -283,6 +302,8 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     unsupported_fields(body)
     engines.engine()
     prompts = await completion_prompts(engines, body.prompt)
+    if body.compression:
+        return await export_completion(request, body, prompts, settings, engines, metrics)
     if body.max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
     max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)

@@ -43,6 +43,14 @@ def _logit_bias(request: SamplingFields, vocab_size: int) -> dict[int, float] | 
     return bias
 
 
+def _allowed_tokens(request: SamplingFields, vocab_size: int) -> list[int] | None:
+    if request.allowed_token_ids is None:
+        return None
+    if any(not 0 <= t < vocab_size for t in request.allowed_token_ids):
+        raise APIError(400, f"allowed_token_ids must be in 0..{vocab_size - 1}", param="allowed_token_ids")
+    return request.allowed_token_ids
+
+
 def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Settings, param: str) -> int:
     """The completion budget: what was asked for, bounded by the context window and the limit."""
     room = settings.max_model_len - prompt_len
@@ -75,6 +83,8 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
         "logit_bias": _logit_bias(request, vocab_size),
         "ignore_eos": request.ignore_eos,
         "min_tokens": request.min_tokens,
+        "allowed_token_ids": _allowed_tokens(request, vocab_size),
+        "bad_words": request.bad_words,
         "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         "extra_args": extra_args,
     }

@@ -1,0 +1,189 @@
+"""Export a corpus as teacher-forced top-k distributions, streamed to a binary file.
+
+Files are read in line-aligned pieces, tokenised by the server (``/v1/tokenize``), cut into
+windows that fit the model (each window after the first starts with ``overlap`` tokens of
+context whose positions are not exported again), and sent as concurrent ``compression`` requests.
+Results are written in corpus order through a bounded window of in-flight requests, so memory
+stays flat however large the corpus is. Layout: ``cascade_client.topk_format``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import httpx
+
+from cascade_client.protocol import CascadeError, error_from_body
+from cascade_client.topk_format import encode_arrays, encode_header, iter_documents, read_header
+
+PIECE_BYTES = 1 << 16
+
+
+@dataclass
+class ExportStats:
+    files: int = 0
+    bytes_read: int = 0
+    tokens: int = 0
+    positions: int = 0
+    requests: int = 0
+    output_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Window:
+    """File tokens ``tokens`` start at file index ``first``; records from file index ``export_from`` on."""
+
+    name: str
+    first: int
+    export_from: int
+    tokens: list[int]
+
+
+def iter_sources(paths: Sequence[str | Path]) -> Iterator[Path]:
+    """Files in a stable order: each path as given, directories recursively and sorted."""
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file())
+        else:
+            yield path
+
+
+def read_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
+    """``piece_bytes``-sized reads extended to the next newline (tokenisation restarts at line starts)."""
+    with path.open("rb") as handle:
+        while True:
+            piece = handle.read(piece_bytes)
+            if not piece:
+                return
+            if not piece.endswith(b"\n"):
+                piece += handle.readline()
+            yield piece
+
+
+class Windower:
+    """Cuts one file's token stream into windows of at most ``window`` tokens, as tokens arrive.
+
+    Only the tokens not yet exported, plus ``overlap`` of context, are kept."""
+
+    def __init__(self, name: str, window: int, overlap: int) -> None:
+        if not 0 <= overlap < window - 1:
+            raise ValueError("overlap must be smaller than window - 1")
+        self.name, self.window, self.overlap = name, window, overlap
+        self.buffer: list[int] = []
+        self.base = 0
+        self.export_from = 0
+
+    def push(self, tokens: Sequence[int]) -> list[Window]:
+        self.buffer.extend(tokens)
+        return self._take(final=False)
+
+    def finish(self) -> list[Window]:
+        return self._take(final=True)
+
+    def _take(self, final: bool) -> list[Window]:
+        out: list[Window] = []
+        while True:
+            first = max(0, self.export_from - self.overlap)
+            end = first + self.window
+            available = self.base + len(self.buffer)
+            if end > available:
+                if not final or available - max(self.export_from, 1) <= 0:
+                    return out
+                end = available
+            out.append(Window(self.name, first, max(self.export_from, 1),
+                              self.buffer[first - self.base: end - self.base]))
+            self.export_from = end
+            drop = max(0, end - self.overlap) - self.base
+            self.buffer, self.base = self.buffer[drop:], self.base + drop
+            if end == available:
+                return out
+
+
+class TopkExporter:
+    """Drives one export over an ``httpx.AsyncClient`` that already has the base URL and auth."""
+
+    def __init__(self, http: httpx.AsyncClient, model: str, top_k: int, *, window: int | None = None,
+                 overlap: int = 64, concurrency: int = 4, sampling: dict[str, Any] | None = None) -> None:
+        self.http, self.model, self.top_k = http, model, top_k
+        self.window, self.overlap, self.concurrency = window, overlap, concurrency
+        self.sampling = sampling or {}
+
+    async def _json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self.http.post(path, json=body)
+        if response.status_code != 200:
+            raise error_from_body(response.status_code, response.content)
+        return dict(response.json())
+
+    async def _tokens(self, piece: bytes, path: Path) -> tuple[list[int], int]:
+        try:
+            text = piece.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CascadeError(0, f"{path} is not UTF-8 text") from None
+        reply = await self._json("/v1/tokenize", {"model": self.model, "prompt": text})
+        return list(reply["tokens"]), int(reply["max_model_len"])
+
+    async def _export(self, item: Window) -> bytes:
+        body = {"model": self.model, "prompt": item.tokens, "compression": True, "compression_top_k": self.top_k,
+                **self.sampling}
+        response = await self.http.post("/v1/completions", json=body, headers={"Accept": "application/octet-stream"})
+        if response.status_code != 200:
+            raise error_from_body(response.status_code, response.content)
+        stream = io.BytesIO(response.content)
+        header = read_header(stream)
+        document = next(iter_documents(stream, header))
+        skip = item.export_from - (item.first + 1)
+        return encode_arrays(item.name, item.export_from, self.top_k, document.targets[skip:],
+                             document.ids[skip:], document.logprobs[skip:])
+
+    async def _windows(self, sources: Sequence[str | Path], stats: ExportStats,
+                       progress: Any) -> AsyncIterator[Window]:
+        for path in iter_sources(sources):
+            stats.files += 1
+            windower: Windower | None = None
+            for piece in read_pieces(path):
+                tokens, max_len = await self._tokens(piece, path)
+                stats.bytes_read += len(piece)
+                stats.tokens += len(tokens)
+                if progress is not None:
+                    progress.update(len(piece))
+                if windower is None:
+                    windower = Windower(str(path), self.window or max_len - 1, self.overlap)
+                for item in windower.push(tokens):
+                    yield item
+            for item in windower.finish() if windower is not None else []:
+                yield item
+
+    async def run(self, sources: Sequence[str | Path], sink: BinaryIO, progress: Any = None) -> ExportStats:
+        """Write the header and every window's records to ``sink`` in corpus order."""
+        stats = ExportStats()
+        header = encode_header(self.top_k, 0)
+        sink.write(header)
+        stats.output_bytes += len(header)
+        pending: deque[asyncio.Task[bytes]] = deque()
+        try:
+            async for item in self._windows(sources, stats, progress):
+                pending.append(asyncio.ensure_future(self._export(item)))
+                stats.requests += 1
+                stats.positions += len(item.tokens) - (item.export_from - item.first)
+                if len(pending) >= self.concurrency:
+                    stats.output_bytes += _write(sink, await pending.popleft())
+            while pending:
+                stats.output_bytes += _write(sink, await pending.popleft())
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return stats
+
+
+def _write(sink: BinaryIO, data: bytes) -> int:
+    sink.write(data)
+    return len(data)

@@ -1,0 +1,212 @@
+"""``/v1/completions`` with ``"compression": true``: teacher-forced, processed top-k distributions.
+
+No token is returned: the engine scores every prompt position through the request's sampling
+stack (see ``cascade.export.vllm_hook``) and the gateway renormalises and streams the result as
+JSON, SSE or the compact binary layout of ``cascade_client.topk_format``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cascade_client.topk_format import encode_document, encode_header
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from cascade.api.deps import request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import CompletionRequest
+from cascade.api.sampling import sampling_params
+from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
+from cascade.engine.config import EngineRole
+from cascade.engine.manager import EngineManager
+from cascade.export.processing import EXPORT_KEY
+from cascade.export.token_table import TokenTable, build_token_table
+from cascade.export.topk import DISTRIBUTION_TYPE, ExportPosition, positions_from_prompt_logprobs
+from cascade.metrics import Metrics
+from cascade.settings import Settings
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+
+OCTET = "application/octet-stream"
+STREAM_BATCH = 64
+_REFUSED = {
+    "prediction": "prediction", "codec": "codec", "logprobs": "logprobs", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty", "stop": "stop",
+}
+
+
+def validate_export(body: CompletionRequest, settings: Settings) -> int:
+    """Refuse what an export cannot honour; returns k."""
+    if body.n != 1:
+        raise APIError(400, "compression returns one distribution per position: n must be 1", param="n")
+    if "max_tokens" in body.model_fields_set and body.max_tokens not in (None, 0):
+        raise APIError(400, "compression samples no tokens: max_tokens must be 0 or omitted", param="max_tokens")
+    for field, param in _REFUSED.items():
+        if getattr(body, field) is not None:
+            raise APIError(400, f"{param} cannot be combined with compression", param=param)
+    if body.min_tokens:
+        raise APIError(400, "min_tokens cannot be combined with compression", param="min_tokens")
+    if body.temperature == 0:
+        raise APIError(400, "compression needs temperature > 0 (1 gives the model's own distribution)",
+                       param="temperature")
+    k = body.compression_top_k
+    if not 1 <= k <= settings.max_export_top_k:
+        raise APIError(400, f"compression_top_k must be in 1..{settings.max_export_top_k}", param="compression_top_k")
+    return k
+
+
+def export_params(body: CompletionRequest, k: int, settings: Settings, vocab_size: int) -> SamplingParams:
+    """One internal token (vLLM cannot stop before sampling once); it is never returned or counted.
+
+    Set after construction, so ``skip_reading_prefix_cache`` must be set too: a prefix-cache hit
+    would leave the cached positions unscored."""
+    params = sampling_params(body.model_copy(update={"min_tokens": 0}), max_tokens=1, logprobs=None,
+                             settings=settings, vocab_size=vocab_size, stream=False,
+                             extra_args={EXPORT_KEY: True})
+    params.prompt_logprobs = k
+    params.skip_reading_prefix_cache = True
+    params.detokenize = False
+    params.ignore_eos = True
+    return params
+
+
+def _table(engines: EngineManager) -> TokenTable:
+    table: TokenTable | None = getattr(engines, "_export_token_table", None)
+    if table is None:
+        table = build_token_table(engines.tokenizer)
+        engines._export_token_table = table  # type: ignore[attr-defined]
+    return table
+
+
+def render_position(position: ExportPosition, table: TokenTable) -> dict[str, Any]:
+    top = [{"token": table.strings[t], "token_id": t, "logprob": lp, "bytes": list(table.raw[t]), "rank": rank}
+           for rank, (t, lp) in enumerate(zip(position.ids, position.logprobs, strict=True), start=1)]
+    return {"token": table.strings[position.target], "token_id": position.target,
+            "logprob": position.target_logprob, "bytes": list(table.raw[position.target]),
+            "rank": position.target_rank, "top_logprobs": top}
+
+
+async def _positions(engines: EngineManager, prompt: list[int], params: SamplingParams, k: int,
+                     rid: str) -> list[ExportPosition]:
+    scored = None
+    async for output in engines.generate(prompt, params, rid, EngineRole.MAIN):
+        if output.prompt_logprobs is not None:
+            scored = output.prompt_logprobs
+    if scored is None:
+        raise RuntimeError("the engine returned no prompt log-probabilities")
+    return await asyncio.to_thread(positions_from_prompt_logprobs, prompt, scored, k)
+
+
+def _streams(engines: EngineManager, prompts: list[list[int]], params: SamplingParams, k: int,
+             rid: str) -> list[AsyncIterator[list[ExportPosition]]]:
+    async def one(i: int, prompt: list[int]) -> AsyncIterator[list[ExportPosition]]:
+        yield await _positions(engines, prompt, params, k, f"{rid}-{i}")
+
+    return [one(i, p) for i, p in enumerate(prompts)]
+
+
+def _envelope(rid: str, model: str) -> dict[str, Any]:
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model}
+
+
+def _logprobs_block(k: int, content: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    return {"distribution_type": DISTRIBUTION_TYPE, "top_k": k, "offset": offset, "content": content}
+
+
+async def export_completion(request: Request, body: CompletionRequest, prompts: list[list[int]], settings: Settings,
+                            engines: EngineManager, metrics: Metrics) -> JSONResponse | StreamingResponse:
+    k = validate_export(body, settings)
+    for prompt in prompts:
+        if len(prompt) >= settings.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {settings.max_model_len} tokens; an export "
+                                f"scores at most {settings.max_model_len - 1} and the prompt has {len(prompt)}. "
+                                "Split the text into windows (cascade export-topk does this).",
+                           param="prompt", code="context_length_exceeded")
+    params = export_params(body, k, settings, len(engines.tokenizer))
+    rid = request_id(request)
+    table = _table(engines)
+    prompt_tokens = sum(len(p) for p in prompts)
+    metrics.prompt_tokens.labels("export").inc(prompt_tokens)
+    if OCTET in request.headers.get("accept", ""):
+        tasks = [asyncio.ensure_future(_positions(engines, p, params, k, f"{rid}-{i}")) for i, p in enumerate(prompts)]
+        try:
+            await until_disconnect(request, lambda: asyncio.shield(tasks[0]))
+        except BaseException:
+            await _cancel(tasks)
+            raise
+        return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
+                                 headers={"X-Cascade-Top-K": str(k)})
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(engines, prompts, params, k, rid, settings, table, metrics, include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def run_all() -> list[list[ExportPosition]]:
+        results: list[list[ExportPosition]] = [[] for _ in prompts]
+        async for index, positions in merge(_streams(engines, prompts, params, k, rid)):
+            results[index] = positions
+        return results
+
+    results = await until_disconnect(request, run_all)
+    metrics.export_positions.inc(sum(len(r) for r in results))
+    body_out = _envelope(rid, settings.model_name)
+    rendered = await asyncio.to_thread(lambda: [[render_position(p, table) for p in r] for r in results])
+    body_out["choices"] = [{"index": i, "text": "", "finish_reason": "length",
+                            "logprobs": _logprobs_block(k, content, 1)} for i, content in enumerate(rendered)]
+    body_out["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
+    return JSONResponse(body_out)
+
+
+async def _sse(engines: EngineManager, prompts: list[list[int]], params: SamplingParams, k: int, rid: str,
+               settings: Settings, table: TokenTable, metrics: Metrics, include_usage: bool) -> AsyncIterator[bytes]:
+    try:
+        async for index, positions in merge(_streams(engines, prompts, params, k, rid)):
+            metrics.export_positions.inc(len(positions))
+            for start in range(0, max(len(positions), 1), STREAM_BATCH):
+                batch = positions[start:start + STREAM_BATCH]
+                last = start + STREAM_BATCH >= len(positions)
+                chunk = _envelope(rid, settings.model_name)
+                offset = batch[0].index if batch else 1
+                chunk["choices"] = [{"index": index, "text": "", "finish_reason": "length" if last else None,
+                                     "logprobs": _logprobs_block(k, [render_position(p, table) for p in batch],
+                                                                 offset)}]
+                yield sse_data(chunk)
+        if include_usage:
+            total = sum(len(p) for p in prompts)
+            chunk = _envelope(rid, settings.model_name)
+            chunk["choices"] = []
+            chunk["usage"] = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
+            yield sse_data(chunk)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        yield sse_data(error_payload(exc))
+    yield SSE_DONE
+
+
+async def _cancel(tasks: Sequence[asyncio.Future[list[ExportPosition]]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _binary(tasks: Sequence[asyncio.Future[list[ExportPosition]]], k: int, vocab_size: int,
+                  metrics: Metrics) -> AsyncIterator[bytes]:
+    """Header, then one document block per prompt in prompt order (all prompts run concurrently).
+    The first prompt finished before the status line went out; a later failure ends the body
+    early, which the reader reports as truncation."""
+    try:
+        yield encode_header(k, vocab_size)
+        for index, task in enumerate(tasks):
+            positions = await task
+            metrics.export_positions.inc(len(positions))
+            yield await asyncio.to_thread(
+                encode_document, f"prompt-{index}", 1, k, [p.target for p in positions],
+                [p.ids for p in positions], [p.logprobs for p in positions])
+    finally:
+        await _cancel(tasks)

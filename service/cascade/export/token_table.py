@@ -1,0 +1,53 @@
+"""Token id → (display string, raw bytes), built once per tokenizer.
+
+Export responses carry thousands of candidates per request; decoding each through the tokenizer
+would dominate the cost, so the table is computed once. Byte-level BPE vocabularies map back to
+exact bytes through the inverse of the GPT-2 byte↔unicode alphabet; other tokens fall back to
+the tokenizer's own decode.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of the byte-level BPE alphabet: printable bytes map to themselves, the rest to 256+."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    strings: tuple[str, ...]
+    raw: tuple[bytes, ...]
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+
+def build_token_table(tokenizer: Any) -> TokenTable:
+    size = len(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    inverse = _unicode_to_byte()
+    strings, raw = [], []
+    for token_id, piece in enumerate(pieces):
+        if token_id not in special and piece and all(ch in inverse for ch in piece):
+            data = bytes(inverse[ch] for ch in piece)
+        elif token_id in special and piece:
+            data = piece.encode("utf-8")
+        else:
+            data = tokenizer.decode([token_id]).encode("utf-8")
+        raw.append(data)
+        strings.append(data.decode("utf-8", errors="replace"))
+    return TokenTable(tuple(strings), tuple(raw))

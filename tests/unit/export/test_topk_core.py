@@ -1,0 +1,134 @@
+"""The export's pure core: renormalisation, position assembly, token table, binary layout."""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cascade.export.token_table import build_token_table
+from cascade.export.topk import position_from_logprobs, positions_from_prompt_logprobs, renormalise
+from cascade_client.topk_format import (
+    PAD_ID,
+    TopkFormatError,
+    encode_document,
+    encode_header,
+    iter_documents,
+    read_all,
+    read_header,
+)
+
+MODEL = Path(__file__).resolve().parents[3] / "models" / "pycoder-23m"
+
+
+@dataclass
+class Lp:
+    logprob: float
+    rank: int | None = None
+
+
+candidates = st.lists(st.tuples(st.integers(0, 5000), st.floats(-60, 0)), min_size=1, max_size=60,
+                      unique_by=lambda c: c[0])
+
+
+@given(candidates, st.integers(1, 80))
+def test_renormalised_probabilities_sum_to_one(cands: list[tuple[int, float]], k: int) -> None:
+    ids, lps = renormalise(cands, k)
+    assert len(ids) == min(k, len(cands))
+    assert math.isclose(math.fsum(math.exp(lp) for lp in lps), 1.0, abs_tol=1e-9)
+
+
+@given(candidates, st.integers(1, 80))
+def test_renormalise_keeps_the_most_likely_in_canonical_order(cands: list[tuple[int, float]], k: int) -> None:
+    ids, lps = renormalise(cands, k)
+    expected = sorted(cands, key=lambda c: (-c[1], c[0]))[:k]
+    assert list(ids) == [t for t, _ in expected]
+    assert all(a >= b for a, b in zip(lps, lps[1:], strict=False))
+
+
+def test_renormalise_drops_masked_candidates() -> None:
+    ids, lps = renormalise([(3, -0.1), (4, float("-inf")), (5, -2.0)], 10)
+    assert ids == (3, 5)
+    assert math.isclose(math.exp(lps[0]) + math.exp(lps[1]), 1.0)
+
+
+def test_position_reports_target_outside_the_kept_set_as_none() -> None:
+    scored = {7: Lp(-0.01, 1), 8: Lp(-5.0, 2), 9: Lp(float("-inf"), 900)}
+    inside = position_from_logprobs(3, 8, scored, 2)
+    assert inside.target_logprob is not None and inside.target_rank == 2
+    masked = position_from_logprobs(3, 9, scored, 2)
+    assert masked.target_logprob is None and masked.target_rank is None
+    cut = position_from_logprobs(3, 8, scored, 1)
+    assert cut.target_logprob is None and cut.ids == (7,)
+
+
+def test_positions_skip_the_first_token_and_need_every_other() -> None:
+    prompt = [5, 6, 7]
+    scored = [None, {6: Lp(-0.5, 1), 1: Lp(-1.0, 2)}, {7: Lp(-0.2, 1)}]
+    positions = positions_from_prompt_logprobs(prompt, scored, 4)
+    assert [p.index for p in positions] == [1, 2] and [p.target for p in positions] == [6, 7]
+    with pytest.raises(ValueError, match="position 2"):
+        positions_from_prompt_logprobs(prompt, scored[:2], 4)
+
+
+def test_token_table_bytes_reassemble_the_text() -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    table = build_token_table(tokenizer)
+    assert len(table) == len(tokenizer)
+    text = "def naïve(x):\n\treturn x  # ✓ 🚀\r\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert b"".join(table.raw[i] for i in ids) == text.encode("utf-8")
+
+
+def _document(k: int, rows: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
+    rng = np.random.default_rng(rows)
+    targets = [int(t) for t in rng.integers(0, 8192, rows)]
+    ids = [[int(t) for t in rng.choice(8192, size=int(rng.integers(1, k + 1)), replace=False)] for _ in range(rows)]
+    lps = [sorted(rng.normal(-3, 1, len(r)).astype(np.float32).tolist(), reverse=True) for r in ids]
+    return targets, ids, lps
+
+
+@given(st.integers(1, 16), st.lists(st.integers(0, 20), max_size=4))
+def test_binary_export_round_trips_through_its_reader(k: int, sizes: list[int]) -> None:
+    blob = io.BytesIO()
+    blob.write(encode_header(k, 8192))
+    docs = []
+    for n, size in enumerate(sizes):
+        targets, ids, lps = _document(k, size)
+        blob.write(encode_document(f"doc-{n}", 10 * n, k, targets, ids, lps))
+        docs.append((targets, ids, lps))
+    blob.seek(0)
+    header, read = read_all(blob)
+    assert header.k == k and header.vocab_size == 8192 and len(read) == len(sizes)
+    for n, (doc, (targets, ids, lps)) in enumerate(zip(read, docs, strict=True)):
+        assert doc.name == f"doc-{n}" and doc.start == 10 * n and len(doc) == len(targets)
+        assert doc.targets.tolist() == targets
+        for row, (row_ids, row_lps) in enumerate(zip(ids, lps, strict=True)):
+            assert doc.ids[row, : len(row_ids)].tolist() == row_ids
+            assert (doc.ids[row, len(row_ids):] == PAD_ID).all()
+            assert doc.logprobs[row, : len(row_lps)].tolist() == row_lps
+            assert np.isneginf(doc.logprobs[row, len(row_lps):]).all()
+
+
+def test_binary_reader_rejects_truncation_and_garbage() -> None:
+    targets, ids, lps = _document(4, 3)
+    data = encode_header(4, 8192) + encode_document("x", 1, 4, targets, ids, lps)
+    for cut in range(1, len(data)):
+        if cut == 16:
+            continue
+        with pytest.raises(TopkFormatError):
+            read_all(io.BytesIO(data[:cut]))
+    with pytest.raises(TopkFormatError, match="magic"):
+        read_header(io.BytesIO(b"XXXX" + data[4:]))
+    huge = encode_header(4, 8192) + b"CTKD" + b"\x00\x00" + (2**40).to_bytes(8, "little") + (2**31).to_bytes(4, "little")
+    stream = io.BytesIO(huge)
+    with pytest.raises(TopkFormatError, match="positions"):
+        list(iter_documents(stream, read_header(stream)))
