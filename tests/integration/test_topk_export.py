@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from cascade_client.topk_format import read_all
+
 from tests.integration.conftest import MODEL, REPO, Service, wait_until_idle
 
 TEXT = ("import os\n\n\ndef read_lines(path):\n    with open(path) as handle:\n"
