@@ -57,19 +57,29 @@ class _Exchange(httpx.AsyncByteStream):
         data = self._h11.send(event)
         if data:
             self._writer.write(data)
-            await asyncio.wait_for(self._writer.drain(), self._write_timeout)
+            try:
+                await asyncio.wait_for(self._writer.drain(), self._write_timeout)
+            except TimeoutError:
+                raise httpx.WriteTimeout("the server read none of the body in time", request=self._request) from None
+
+    async def _send_body(self, event: h11.Event) -> bool:
+        """Send part of the body; False once the server has closed its side (it answered early,
+        e.g. 401 or 413, without reading the rest: its reply says why)."""
+        try:
+            await self._send(event)
+        except (OSError, h11.LocalProtocolError):
+            return False
+        return True
 
     async def _upload_body(self) -> None:
-        """Send the body; a broken pipe just ends it (the reply says why), any other error aborts."""
+        """Send the body; a source failure (or write timeout) aborts the exchange and is reported."""
         try:
             assert isinstance(self._request.stream, httpx.AsyncByteStream)
             async for chunk in self._request.stream:
-                if chunk:
-                    await self._send(h11.Data(data=chunk))
-            await self._send(h11.EndOfMessage())
-        except (OSError, h11.LocalProtocolError, TimeoutError):
-            return  # the server closed its side (e.g. answered 401/413 early): the reply explains
-        except Exception as exc:  # the source failed: stop the exchange, report the source's error
+                if chunk and not await self._send_body(h11.Data(data=chunk)):
+                    return
+            await self._send_body(h11.EndOfMessage())
+        except Exception as exc:
             self._upload_error = exc
             self._writer.transport.abort()
 

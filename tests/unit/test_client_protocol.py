@@ -205,3 +205,24 @@ def test_iter_compress_yields_chunks_as_they_arrive(fake_server: str) -> None:
             return b"".join([chunk async for chunk in client.iter_compress(io.BytesIO(data))])
 
     assert asyncio.run(run()) == _expand(data)
+
+
+def test_a_failing_source_ends_the_exchange_with_its_own_error(fake_server: str) -> None:
+    class Failing(io.RawIOBase):
+        calls = 0
+
+        def read(self, size: int = -1) -> bytes:
+            self.calls += 1
+            if self.calls > 2:
+                raise OSError("disk on fire")
+            return b"a" * 1000
+
+    with CascadeClient(fake_server) as client, pytest.raises(OSError, match="disk on fire"):
+        client.compress(Failing())
+
+    async def run() -> None:
+        async with AsyncCascadeClient(fake_server) as client:
+            await client.compress(Failing())
+
+    with pytest.raises(OSError, match="disk on fire"):
+        asyncio.run(run())
