@@ -2,13 +2,15 @@
 
 vLLM scores prompt positions with raw logits ("prompt tokens skip sampling processors"). For an
 export the user asks for the distribution the sampler would draw from, so this applies the same
-steps in vLLM's order: allowed-token mask, bad words, logit bias, temperature, min-p, then vLLM's
-own top-k/top-p masking. Penalties and ``min_tokens`` depend on generated tokens and are refused
-at the API, so they never reach here.
+steps in vLLM's order: allowed-token mask, bad words, logit bias, temperature, min-p, then the
+top-k/top-p masks (computed on each row's best candidates only, see ``_truncation_mask``).
+Penalties and ``min_tokens`` depend on generated tokens and are refused at the API, so they never
+reach here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,10 +40,44 @@ def _ban_bad_words(logits: torch.Tensor, bad_words: Sequence[Sequence[int]], pro
                 logits[row, last] = float("-inf")
 
 
-def process_prompt_logits(logits: torch.Tensor, params: Any, prompt: Sequence[int], first_context: int) -> torch.Tensor:
-    """Processed logits for prompt rows; row ``j`` conditions on ``prompt[:first_context + j]``."""
-    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+def _truncation_mask(logits: torch.Tensor, params: Any, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Among each row's ``keep`` most likely tokens, which survive min-p, top-k and top-p.
 
+    Equivalent to vLLM's masks for every token an export can return (it returns at most ``keep``
+    per row), without sorting the vocabulary: min-p keeps ``logit >= max + log(min_p)``; top-k
+    keeps the first ``top_k``; top-p (on the distribution left by the first two, as in vLLM) keeps
+    a token while the probability of the tokens strictly ahead of it is below ``top_p``.
+    """
+    values, ids = logits.topk(keep, dim=-1)
+    alive = torch.ones_like(values, dtype=torch.bool)
+    floor = None
+    if params.min_p:
+        floor = values[:, :1] + math.log(params.min_p)
+        alive &= values >= floor
+    vocab = logits.shape[1]
+    top_k = params.top_k if params.top_k and 0 < params.top_k < vocab else None
+    if top_k is not None:
+        alive[:, top_k:] = False
+    if params.top_p < 1.0:
+        if top_k is not None:
+            normaliser = torch.logsumexp(values.masked_fill(~alive, float("-inf")), dim=-1, keepdim=True)
+        elif floor is not None:
+            normaliser = torch.logsumexp(logits.masked_fill(logits < floor, float("-inf")), dim=-1, keepdim=True)
+        else:
+            normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+        probs = (values - normaliser).exp().masked_fill(~alive, 0.0)
+        ahead = torch.cumsum(probs, dim=-1) - probs
+        alive &= ahead < params.top_p
+        alive[:, 0] = True
+    return ids, alive
+
+
+def process_prompt_logits(logits: torch.Tensor, params: Any, prompt: Sequence[int], first_context: int,
+                          keep: int) -> torch.Tensor:
+    """Processed logits for prompt rows; row ``j`` conditions on ``prompt[:first_context + j]``.
+
+    Tokens outside each row's ``keep`` best are set to ``-inf`` when a truncation is active (the
+    export never returns them); otherwise the row is the full processed distribution."""
     out = logits.to(torch.float32)
     if params.allowed_token_ids:
         allowed = torch.full((out.shape[1],), float("-inf"), device=out.device)
@@ -54,14 +90,9 @@ def process_prompt_logits(logits: torch.Tensor, params: Any, prompt: Sequence[in
         ids = torch.tensor(list(params.logit_bias.keys()), device=out.device, dtype=torch.long)
         out[:, ids] += torch.tensor(list(params.logit_bias.values()), device=out.device, dtype=torch.float32)
     out = out / float(params.temperature)
-    if params.min_p:
-        probs = out.softmax(dim=-1)
-        out = out.masked_fill(probs < params.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
-    rows = out.shape[0]
-    top_k = params.top_k if params.top_k and 0 < params.top_k < out.shape[1] else None
-    top_p = params.top_p if params.top_p < 1.0 else None
-    if top_k is not None or top_p is not None:
-        k = torch.full((rows,), top_k, dtype=torch.long, device=out.device) if top_k is not None else None
-        p = torch.full((rows,), top_p, dtype=torch.float32, device=out.device) if top_p is not None else None
-        out = apply_top_k_top_p(out, k, p)
-    return out
+    truncating = params.min_p or (params.top_k and 0 < params.top_k < out.shape[1]) or params.top_p < 1.0
+    if not truncating:
+        return out
+    ids, alive = _truncation_mask(out, params, min(max(keep, params.top_k or 0), out.shape[1]))
+    kept = torch.full_like(out, float("-inf"))
+    return kept.scatter_(1, ids, out.gather(1, ids).masked_fill(~alive, float("-inf")))

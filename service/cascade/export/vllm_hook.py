@@ -21,9 +21,9 @@ logger = logging.getLogger("cascade.export.hook")
 _MARK = "_cascade_export_hook"
 
 
-def _export_rows(runner: Any, num_scheduled_tokens: dict[str, int]) -> dict[int, tuple[Any, list[int], int]]:
-    """Row offset in this step's hidden states → (params, prompt ids, first context length)."""
-    rows: dict[int, tuple[Any, list[int], int]] = {}
+def _export_rows(runner: Any, num_scheduled_tokens: dict[str, int]) -> dict[int, tuple[Any, list[int], int, int]]:
+    """Row offset in this step's hidden states → (params, prompt ids, first context length, k)."""
+    rows: dict[int, tuple[Any, list[int], int, int]] = {}
     for req_id in runner.num_prompt_logprobs:
         request = runner.requests.get(req_id)
         if request is None or req_id not in num_scheduled_tokens or request.prompt_token_ids is None:
@@ -32,7 +32,8 @@ def _export_rows(runner: Any, num_scheduled_tokens: dict[str, int]) -> dict[int,
             continue
         index = runner.input_batch.req_id_to_index[req_id]
         offset = int(runner.query_start_loc.np[index])
-        rows[offset] = (request.sampling_params, request.prompt_token_ids, request.num_computed_tokens + 1)
+        rows[offset] = (request.sampling_params, request.prompt_token_ids, request.num_computed_tokens + 1,
+                        runner.num_prompt_logprobs[req_id])
     return rows
 
 
