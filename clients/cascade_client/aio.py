@@ -98,7 +98,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
                 if response.is_error:
                     await response.aread()
                     json_reply(response)
-                async for chunk in response.aiter_raw():
+                async for chunk in response.aiter_bytes():
                     for data in call.feed(chunk):
                         if progress is not None:
                             progress.received(len(data))

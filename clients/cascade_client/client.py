@@ -62,7 +62,7 @@ class CascadeClient(ClientBase[httpx.Client]):
             if response.is_error:
                 response.read()
                 json_reply(response)
-            for chunk in response.iter_raw():
+            for chunk in response.iter_bytes():
                 for data in call.feed(chunk):
                     if progress is not None:
                         progress.received(len(data))
