@@ -75,12 +75,14 @@ def _poll_max(read: Any, timeout: float = 5.0) -> int:
     return value
 
 
-def _read_some(response: httpx.Response, lines: int) -> list[str]:
+def _read_some(lines: Iterator[str], count: int) -> list[str]:
+    """The next ``count`` non-empty lines. Takes the caller's iterator: dropping an ``iter_lines()``
+    generator closes the connection (the very abort under test), so the caller keeps it alive."""
     seen: list[str] = []
-    for line in response.iter_lines():
+    for line in lines:
         if line:
             seen.append(line)
-        if len(seen) >= lines:
+        if len(seen) >= count:
             break
     return seen
 
@@ -108,22 +110,26 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
         for i in range(rounds):
             with client.stream("POST", "/v1/chat/completions", json={**chat, "seed": i}) as r:
                 assert r.status_code == 200
-                assert any(line.startswith("data: {") for line in _read_some(r, 4))
+                lines = r.iter_lines()
+                assert any(line.startswith("data: {") for line in _read_some(lines, 4))
                 if i == 0:  # the counters see live state while a request runs
                     seen_inside["prediction_states"] = _poll_max(
                         lambda: live_state(service)["engines"]["predict"]["prediction_states"])
             with client.stream("POST", "/compress", json=compress_body, headers=sse) as r:
                 assert r.status_code == 200
-                assert _read_some(r, 2)[0] == "event: chunk"
+                lines = r.iter_lines()
+                assert _read_some(lines, 2)[0] == "event: chunk"
                 if i == 0:
                     seen_inside["codec_rows"] = _poll_max(lambda: live_state(service)["engines"]["codec"]["codec_rows"])
             with client.stream("POST", "/decompress", content=container,
                                headers={**sse, "content-type": "application/octet-stream"}) as r:
                 assert r.status_code == 200
-                assert _read_some(r, 2)[0] == "event: text"
+                lines = r.iter_lines()
+                assert _read_some(lines, 2)[0] == "event: text"
             with client.stream("POST", "/v1/kcbs", json=kcbs) as r:
                 assert r.status_code == 200
-                assert _read_some(r, 1)[0].startswith("data: {")
+                lines = r.iter_lines()
+                assert _read_some(lines, 1)[0].startswith("data: {")
                 if i == 0:
                     seen_inside["kcbs_searches"] = _poll_max(lambda: live_state(service)["gateway"]["kcbs_searches"])
     # Plain (non-streaming) requests whose client gives up are aborted too.

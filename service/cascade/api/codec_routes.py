@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError
 from cascade.api.deps import get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import StrictModel
-from cascade.api.streaming import SSE_HEADERS, BodyThenDisconnectResponse, sse_event, track_end
+from cascade.api.streaming import SSE_HEADERS, BodyThenDisconnectResponse, sse_event, track_end, until_disconnect
 from cascade.codec.container import ContainerError
 from cascade.codec.pipeline import (
     CodecPipeline,
@@ -239,10 +239,13 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
     rid = request_id(request)
     stream = codec.decompress(source, rid)
     if not _wants_sse(request):
-        parts: list[bytes] = []
+        async def collect() -> list[bytes]:
+            return [data async for _, data in stream]
+
         try:
-            async for _, data in stream:
-                parts.append(data)
+            parts = await until_disconnect(request, collect, body_done=body_done)
+        except APIError:
+            raise
         except Exception as exc:
             metrics.codec_errors.labels(type(exc).__name__).inc()
             raise _as_api_error(exc) from None

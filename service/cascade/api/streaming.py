@@ -42,15 +42,19 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
     return error_body(500, "Internal server error", code="internal_error")
 
 
-async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]], poll: float = 0.25) -> T:
-    """Run ``work``; if the client goes away first, cancel it (which aborts its engine requests)."""
+async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]], poll: float = 0.25,
+                           body_done: asyncio.Event | None = None) -> T:
+    """Run ``work``; if the client goes away first, cancel it (which aborts its engine requests).
+
+    ``body_done``: ``work`` still reads the request body, so only look for the disconnect once it
+    has all been read (looking reads ``receive`` and would steal a body chunk)."""
     task = asyncio.ensure_future(work())
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=poll)
             if done:
                 return task.result()
-            if await request.is_disconnected():
+            if (body_done is None or body_done.is_set()) and await request.is_disconnected():
                 task.cancel()
                 raise APIError(499, "client disconnected")
     finally:
@@ -129,10 +133,37 @@ class BodyThenDisconnectResponse(StreamingResponse):
             await asyncio.gather(watcher, return_exceptions=True)
 
 
+BODY_READ_AHEAD_CHUNKS = 256
+
+
 async def track_end(stream: AsyncIterator[bytes], done: asyncio.Event) -> AsyncIterator[bytes]:
-    """Pass a body stream through and set ``done`` once it is exhausted (or fails)."""
+    """Pass a body stream through, reading it ahead in a task; ``done`` is set once the upload ended.
+
+    The codec consumes its input lazily (one segment at a time), so without reading ahead the last
+    body message would only be read when the last segment is coded, and the response could not
+    watch for the client leaving until then: a dropped /decompress or /compress kept its engine
+    requests running to the end. Reading ahead (at most ``BODY_READ_AHEAD_CHUNKS`` chunks, so
+    memory stays bounded) lets ``done`` fire as soon as the client has sent everything.
+    """
+    queue: asyncio.Queue[bytes | Exception | None] = asyncio.Queue(BODY_READ_AHEAD_CHUNKS)
+
+    async def pump() -> None:
+        try:
+            async for chunk in stream:
+                await queue.put(chunk)
+            await queue.put(None)
+        except Exception as exc:
+            await queue.put(exc)
+        finally:
+            done.set()
+
+    reader = asyncio.ensure_future(pump())
     try:
-        async for chunk in stream:
-            yield chunk
+        while (item := await queue.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            yield item
     finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
         done.set()
