@@ -32,7 +32,7 @@ def test_client_streams_compress_and_decompress_through_file_sinks(service: Serv
         with source.open("rb") as src, packed.open("wb") as dst:
             stats = client.compress_to(dst, src, precision_bits=24)
         assert stats.bytes_in == len(TEXT) and stats.bytes_out == packed.stat().st_size
-        assert stats.tokens > 0 and 0 < stats.bits_per_byte < 8
+        assert stats.tokens > 0 and 0 < stats.bits_per_token < 8 and stats.segments == 1
         with packed.open("rb") as src, restored.open("wb") as dst:
             result = client.decompress_to(dst, src)
     assert result == DecompressStats(bytes=len(TEXT), segments=result.segments, verified=True)

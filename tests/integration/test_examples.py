@@ -25,7 +25,8 @@ def _run(service: Service, script: str, *args: str, cwd: Path = REPO) -> tuple[s
 
 def test_every_example_is_covered() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
-    assert scripts == {"predicted_edit.py", "streaming_chat.py", "compress_file.py"}
+    tested = {"predicted_edit.py", "streaming_chat.py", "compress_file.py"}
+    assert scripts == tested, f"examples without a test here (or tests without an example): {scripts ^ tested}"
 
 
 def test_predicted_edit_accepts_draft_tokens_and_changes_no_text(service: Service) -> None:
