@@ -71,12 +71,14 @@ def read_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
 class Windower:
     """Cuts one file's token stream into windows of at most ``window`` tokens, as tokens arrive.
 
-    Only the tokens not yet exported, plus ``overlap`` of context, are kept."""
+    Each window after the first starts with ``overlap`` (at least one) already-exported tokens as
+    context. Only the tokens not yet exported, plus that context, are kept."""
 
     def __init__(self, name: str, window: int, overlap: int) -> None:
         if not 0 <= overlap < window - 1:
             raise ValueError("overlap must be smaller than window - 1")
-        self.name, self.window, self.overlap = name, window, overlap
+        self.name, self.window = name, window
+        self.context = max(overlap, 1)
         self.buffer: list[int] = []
         self.base = 0
         self.export_from = 0
@@ -91,7 +93,7 @@ class Windower:
     def _take(self, final: bool) -> list[Window]:
         out: list[Window] = []
         while True:
-            first = max(0, self.export_from - self.overlap)
+            first = max(0, self.export_from - self.context)
             end = first + self.window
             available = self.base + len(self.buffer)
             if end > available:
@@ -101,7 +103,7 @@ class Windower:
             out.append(Window(self.name, first, max(self.export_from, 1),
                               self.buffer[first - self.base: end - self.base]))
             self.export_from = end
-            drop = max(0, end - self.overlap) - self.base
+            drop = max(0, end - self.context) - self.base
             self.buffer, self.base = self.buffer[drop:], self.base + drop
             if end == available:
                 return out
