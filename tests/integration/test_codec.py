@@ -181,6 +181,32 @@ def test_sampled_generation_replays_exactly_from_its_code(service: Service) -> N
         assert bad.status_code == 400
 
 
+def test_arbitrary_bytes_become_text_and_come_back(service: Service) -> None:
+    """Decode mode turns any bytes into model text; coding those tokens again gives the bytes back
+    (without trailing zero bytes, so the length travels separately) once enough tokens were drawn."""
+    secret = bytes(range(37, 250, 13)) + b"\x01"
+    codec = {"top_k": 32, "precision_bits": 24}
+    prompt = "# notes\n"
+    tokens = 96
+    with service.client() as client:
+        for _ in range(4):
+            decoded = client.post("/v1/completions", json={
+                "model": MODEL, "prompt": prompt,
+                "codec": {**codec, "mode": "decode", "data": base64.b64encode(secret).decode(), "tokens": tokens}})
+            assert decoded.status_code == 200, decoded.text
+            ids = decoded.json()["codec"]["token_ids"]
+            assert len(ids) == tokens and decoded.json()["choices"][0]["text"]
+            encoded = client.post("/v1/completions", json={
+                "model": MODEL, "prompt": prompt, "codec": {**codec, "mode": "encode", "token_ids": ids}})
+            assert encoded.status_code == 200, encoded.text
+            data = base64.b64decode(encoded.json()["codec"]["data"])
+            if data == secret:
+                break
+            assert secret.startswith(data.rstrip(b"\0")[:-1])
+            tokens *= 2
+        assert data == secret
+
+
 def test_bfloat16_engine_round_trips_exactly_under_concurrency(tmp_path_factory: pytest.TempPathFactory) -> None:
     """bf16 logits differ by up to 0.49 between batch shapes on CPU; the fixed-shape codec engine
     must still reproduce every token while other requests run beside it."""

@@ -78,6 +78,7 @@ class CodecField(StrictModel):
     top_k: Annotated[int, Field(ge=1, le=1024)] = 64
     data: str | None = None
     tokens: Annotated[int, Field(ge=1)] | None = None
+    token_ids: Annotated[list[int], Field(min_length=1)] | None = None
 
 
 class CompletionRequest(SamplingFields, PredictionFields):

@@ -18,6 +18,7 @@ from cascade.api.errors import APIError
 from cascade.api.openai_protocol import (
     ChatCompletionRequest,
     ChatMessage,
+    CodecField,
     CompletionRequest,
     SamplingFields,
     TokenizeRequest,
@@ -26,8 +27,9 @@ from cascade.api.predictions import PredictionUsage, prediction_args
 from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
 from cascade.api.topk_export import export_completion
+from cascade.codec.engine_codec import EngineCodec
 from cascade.codec.params import CodecArgs
-from cascade.codec.sampling_codec import SamplingEncoder
+from cascade.codec.sampling_codec import DecodeRecorder, SamplingEncoder
 from cascade.engine.config import EngineRole
 from cascade.engine.manager import EngineManager
 from cascade.metrics import Metrics
@@ -63,7 +65,7 @@ class Plan:
     top_logprobs: int | None
     role: EngineRole = EngineRole.MAIN
     predictions: PredictionUsage = field(default_factory=PredictionUsage)
-    codec: SamplingEncoder | None = None
+    codec: SamplingEncoder | DecodeRecorder | None = None
 
     def observe(self, completion: Any) -> list[str]:
         """Collect per-sequence statistics; returns codec chunks that became final (encode mode)."""
@@ -337,6 +339,8 @@ async def _codec_completion(request: Request, body: CompletionRequest, prompts: 
     if codec_field.mode == "encode":
         if codec_field.data is not None:
             raise APIError(400, "codec.data is only for mode 'decode'", param="codec.data")
+        if codec_field.token_ids is not None:
+            return await _forced_encode(request, codec_field, prompts[0], stream, settings, engines)
         max_tokens = resolve_max_tokens(body.max_tokens, len(prompts[0]), settings, "max_tokens")
         params = sampling_params(body, max_tokens=max_tokens, logprobs=codec_field.top_k, settings=settings,
                                  vocab_size=vocab, stream=stream)
@@ -361,8 +365,35 @@ async def _codec_completion(request: Request, body: CompletionRequest, prompts: 
                              max_tokens=tokens, logprobs=None, settings=settings, vocab_size=vocab, stream=stream,
                              extra_args=args.to_extra_args())
     params.ignore_eos = True
-    plan = Plan("completion", prompts, params, 1, stream, include_usage, None, role=EngineRole.CODEC)
+    plan = Plan("completion", prompts, params, 1, stream, include_usage, None, role=EngineRole.CODEC,
+                codec=DecodeRecorder())
     return await _respond(request, plan, settings, engines, metrics)
+
+
+async def _forced_encode(request: Request, codec_field: CodecField, prompt: list[int], stream: bool,
+                         settings: Settings, engines: EngineManager) -> JSONResponse:
+    """``codec: {"mode": "encode", "token_ids": [...]}``: code given tokens after the prompt (teacher
+    forcing) instead of sampling — the inverse of decode mode, token for token."""
+    if stream:
+        raise APIError(400, "codec encode with token_ids is not streamed", param="stream")
+    ids = codec_field.token_ids or []
+    vocab = len(engines.tokenizer)
+    if any(not 0 <= t < vocab for t in ids):
+        raise APIError(400, f"codec.token_ids must be in 0..{vocab - 1}", param="codec.token_ids")
+    resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
+    eos = engines.tokenizer.eos_token_id
+    codec = EngineCodec(engines, vocab, 0 if eos is None else int(eos))
+    rid = request_id(request)
+    segment = await until_disconnect(request, lambda: codec.encode(
+        ids, [], codec_field.top_k, codec_field.precision_bits, rid, prompt=prompt))
+    text = str(engines.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    body = _envelope("completion", rid, settings.model_name, chunk=False)
+    body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]
+    body["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                     "total_tokens": len(prompt) + len(ids)}
+    body["codec"] = {"mode": "encode", "tokens": segment.tokens, "top_k": codec_field.top_k,
+                     "precision_bits": codec_field.precision_bits, "data": base64.b64encode(segment.payload).decode()}
+    return JSONResponse(body)
 
 
 @router.post("/chat/completions", response_model=None)

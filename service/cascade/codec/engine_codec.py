@@ -55,7 +55,8 @@ class EngineCodec:
         return [self.separator_id, *context]
 
     async def encode(self, tokens: Sequence[int], context: Sequence[int], top_k: int, precision_bits: int,
-                     request_id: str) -> CodedSegment:
+                     request_id: str, prompt: Sequence[int] | None = None) -> CodedSegment:
+        """Teacher-force ``tokens`` after ``[</s>] + context`` (or after an explicit ``prompt``)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -67,7 +68,8 @@ class EngineCodec:
         out = bytearray()
         position = 0
         ideal = 0.0
-        async for output in self.engines.generate(self.prompt(context), params, request_id, EngineRole.CODEC):
+        start = list(prompt) if prompt is not None else self.prompt(context)
+        async for output in self.engines.generate(start, params, request_id, EngineRole.CODEC):
             completion = output.outputs[0]
             for token, logprobs in zip(completion.token_ids, completion.logprobs or [], strict=True):
                 if token != tokens[position]:

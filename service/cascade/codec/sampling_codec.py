@@ -48,3 +48,18 @@ class SamplingEncoder:
         """What a client sends back (``codec: {"mode": "decode", ...}``) to replay the generation."""
         return {"mode": "encode", "tokens": self.tokens, "top_k": self.top_k, "precision_bits": self.precision_bits,
                 "data": base64.b64encode(bytes(self.data)).decode()}
+
+
+class DecodeRecorder:
+    """Decode mode: remembers the regenerated token ids, so a client can re-encode them exactly
+    (text may re-tokenise differently) — e.g. to turn arbitrary bytes into text and back."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+
+    def observe(self, completion: Any) -> list[str]:
+        self.token_ids.extend(completion.token_ids)
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        return {"mode": "decode", "tokens": len(self.token_ids), "token_ids": list(self.token_ids)}
