@@ -2,13 +2,15 @@
 
     python benchmarks/bench_export.py --url http://127.0.0.1:8000 [--api-key KEY] [--top-k 100]
     python benchmarks/bench_export.py --engine            # the same comparison inside one vLLM engine
+    python benchmarks/bench_export.py --url URL --corpus-mb 10 --server-pid PID   # memory while exporting
 
 HTTP mode sends the same token windows (held-out stdlib code) as plain one-token completions
 (the prefill baseline), as binary exports and as JSON exports, at 1 and 8 concurrent requests.
 Engine mode times one ``LLM.generate`` over all windows for: plain prefill, ``prompt_logprobs=k``
 (vLLM's raw path) and the export (``prompt_logprobs=k`` + Cascade's processing hook, temperature
 0.8 and top-p 0.95 so the stack does work). Every row's ratio is against the prefill baseline
-measured in the same run.
+measured in the same run. Corpus mode exports a corpus of stdlib files (``cascade export-topk``'s
+code path) and samples the gateway's and its own resident memory, which must stay flat.
 """
 
 from __future__ import annotations
@@ -79,6 +81,68 @@ async def http_mode(args: argparse.Namespace) -> None:
                 print(f"| {name} | {concurrency} | {rate:,.0f} | {rate / base:.2f} |", flush=True)
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def build_corpus(directory: Path, megabytes: float) -> int:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    total, target = 0, int(megabytes * 1e6)
+    for n, source in enumerate(sorted(stdlib.rglob("*.py"))):
+        if total >= target:
+            break
+        try:
+            data = source.read_bytes()
+            data.decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        (directory / f"{n:05d}.py").write_bytes(data[: target - total])
+        total += min(len(data), target - total)
+    return total
+
+
+async def corpus_mode(args: argparse.Namespace) -> None:
+    import os
+    import tempfile
+
+    from cascade_client.topk_export import TopkExporter
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus"
+        corpus.mkdir()
+        size = build_corpus(corpus, args.corpus_mb)
+        out = Path(tmp) / "out.bin"
+        async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600) as client:
+            model = (await client.get("/v1/models")).json()["data"][0]["id"]
+            exporter = TopkExporter(client, model, args.top_k, concurrency=8)
+            samples: list[tuple[float, float, float]] = []
+            start = time.perf_counter()
+
+            async def sample() -> None:
+                while True:
+                    samples.append((time.perf_counter() - start, rss_mb(args.server_pid), rss_mb(os.getpid())))
+                    await asyncio.sleep(5)
+
+            sampler = asyncio.ensure_future(sample())
+            with out.open("wb") as sink:
+                stats = await exporter.run([corpus], sink)
+            sampler.cancel()
+            wall = time.perf_counter() - start
+        samples.append((wall, rss_mb(args.server_pid), rss_mb(os.getpid())))
+        print(f"\nexported {size / 1e6:.1f} MB ({stats.tokens:,} tokens, {stats.files} files) at top-k {args.top_k}: "
+              f"{stats.positions:,} positions in {wall:.0f} s = {stats.positions / wall:,.0f} positions/s, "
+              f"{stats.output_bytes / 1e6:.0f} MB written\n")
+        print("| seconds | gateway RSS MB | exporter RSS MB |")
+        print("|---:|---:|---:|")
+        step = max(1, len(samples) // 12)
+        for t, gateway, client_rss in samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else []):
+            print(f"| {t:.0f} | {gateway:.0f} | {client_rss:.0f} |")
+
+
 def engine_mode(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
 
@@ -116,9 +180,13 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=100)
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--windows", type=int, default=16)
+    parser.add_argument("--corpus-mb", type=float, help="export a corpus this large and watch memory")
+    parser.add_argument("--server-pid", type=int, default=0, help="the gateway's pid (for its RSS)")
     args = parser.parse_args()
     if args.engine:
         engine_mode(args)
+    elif args.corpus_mb:
+        asyncio.run(corpus_mode(args))
     else:
         asyncio.run(http_mode(args))
 
