@@ -104,7 +104,7 @@ def check_cli(out: str, cwd: Path) -> None:
 def check_kcbs(out: str, _: Path) -> None:
     body = _json(out)
     assert body["object"] == "kcbs.result" and len(body["sequences"]) == 4
-    assert all(len(s["token_ids"]) == 8 for s in body["sequences"])
+    assert all(len(s["token_ids"]) == 10 for s in body["sequences"])
     assert set(body["target_match"]) >= {"exact", "near_verbatim_probability", "matches"}
 
 
