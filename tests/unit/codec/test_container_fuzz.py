@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 TRIED: Counter[str] = Counter()
 OUTCOMES: Counter[str] = Counter()
-FUZZ = settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.data_too_large])
 HUGE = st.sampled_from([0xFFFFFFFF, 0x80000000, 1 << 30, (1 << 26) + 1, (1 << 20) + 1, 65536])
 
