@@ -106,16 +106,18 @@ class CodecLogitsProcessor(LogitsProcessor):
         for index, state in self.rows.items():
             if index >= logits.shape[0]:
                 continue
-            try:
-                token = self._next_token(state, logits[index])
-            except Exception:
-                # An exception here would kill the engine process (and every request in it). A
-                # payload that cannot be decoded only spoils its own row: the forced token makes
-                # the segment fail its CRC in the gateway, which answers 422.
-                state.failed = True
-                token = 0
-            if state.failed:
-                token = 0
+            token = 0
+            if not state.failed:
+                try:
+                    token = self._next_token(state, logits[index])
+                except Exception:
+                    # An exception here would kill the engine process (and every request in it). A
+                    # payload that cannot be decoded only spoils its own row: the forced token makes
+                    # the segment fail its CRC in the gateway, which answers 422.
+                    state.failed = True
+                if not 0 <= token < logits.shape[1]:
+                    state.failed = True
+                token = 0 if state.failed else token
             logits[index].fill_(float("-inf"))
             logits[index, token] = 0.0
         return logits
