@@ -12,12 +12,25 @@ import asyncio
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import IO, Any, Union
+from typing import IO, Any, Protocol, Union
 
 from cascade_client.protocol import CHUNK, Progress
 
-Source = Union[bytes, bytearray, memoryview, IO[bytes], socket.socket, Iterable[bytes]]  # noqa: UP007 (runtime alias)
-Sink = Union[IO[bytes], socket.socket]  # noqa: UP007
+
+class Reader(Protocol):
+    """Anything with a binary ``read(size)``: files, ``sys.stdin.buffer``, ``io.BytesIO``..."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+class Writer(Protocol):
+    """Anything with a binary ``write``: files, ``sys.stdout.buffer``, ``io.BytesIO``, your own class."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
+Source = Union[bytes, bytearray, memoryview, Reader, IO[bytes], socket.socket, Iterable[bytes]]  # noqa: UP007
+Sink = Union[Writer, IO[bytes], socket.socket]  # noqa: UP007 (runtime aliases)
 
 
 def _reader(source: Any) -> Callable[[], bytes] | None:
@@ -48,10 +61,10 @@ def write_sink(sink: Sink, data: bytes) -> None:
     if isinstance(sink, socket.socket):
         sink.sendall(data)
         return
-    view = memoryview(data)
-    while view:
-        written = sink.write(view)
-        view = view[len(view) if written is None else written:]
+    while data:
+        written = sink.write(data)
+        # Buffered files write everything; a raw file or pipe may take less (None: treat as all).
+        data = data[written:] if isinstance(written, int) else b""
 
 
 def flush_sink(sink: Any) -> None:

@@ -89,3 +89,31 @@ def test_async_kcbs_matches_sync(service: Service) -> None:
     with CascadeClient(service.base_url, service.api_key) as client:
         expected = [s.text for s in client.kcbs("import os\n\ndef ", beam_width=2, steps=3).sequences]
     assert asyncio.run(run()) == expected
+
+
+def test_async_client_receives_container_chunks_while_still_uploading(service: Service) -> None:
+    """Full duplex end to end: the second half of the input is only sent once a coded segment came back."""
+    first, second = TEXT * 4, TEXT * 2
+
+    async def run() -> tuple[bytes, int]:
+        records = asyncio.Event()
+        parts: list[bytes] = []
+
+        class Sink:
+            async def write(self, data: bytes) -> None:
+                parts.append(data)
+                if len(parts) >= 2:  # the header, then a segment's record
+                    records.set()
+
+        async def source() -> AsyncIterator[bytes]:
+            yield first
+            await asyncio.wait_for(records.wait(), 120)  # a half-duplex client would time out here
+            yield second
+
+        async with AsyncCascadeClient(service.base_url, service.api_key) as client:
+            stats = await client.compress_to(Sink(), source(), segment_tokens=32)
+            assert await client.decompress(b"".join(parts)) == first + second
+        return b"".join(parts), stats.segments
+
+    container, segments = asyncio.run(run())
+    assert container.startswith(b"CSCZ") and segments >= 2

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,25 @@ def test_cli_and_client_report_an_unreachable_server(tmp_path: Path) -> None:
         client.compress(TEXT)
     usage = _cli(None, "compress")
     assert usage.returncode == 2 and b"usage:" in usage.stderr
+
+
+def test_client_receives_container_chunks_while_still_uploading(service: Service) -> None:
+    """The sync client is full duplex too: later input is only produced after a segment came back."""
+    records = threading.Event()
+    parts: list[bytes] = []
+
+    class Sink:
+        def write(self, data: bytes) -> int:
+            parts.append(data)
+            if len(parts) >= 2:  # the header, then a segment's record
+                records.set()
+            return len(data)
+
+    def source() -> Iterator[bytes]:
+        yield TEXT * 4
+        assert records.wait(120), "no container chunk arrived while the upload was still open"
+        yield TEXT * 2
+
+    with CascadeClient(service.base_url, service.api_key) as client:
+        stats = client.compress_to(Sink(), source(), segment_tokens=32)
+        assert stats.segments >= 2 and client.decompress(b"".join(parts)) == TEXT * 6
