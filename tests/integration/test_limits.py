@@ -233,3 +233,15 @@ def test_unsafe_request_ids_are_replaced_in_responses(rid: str) -> None:
     r = _app().get("/health", headers={"X-Request-Id": rid})
     assert r.headers["x-request-id"] != rid and r.headers["x-request-id"].isalnum()
     assert _app().get("/health", headers={"X-Request-Id": "req-7.a_b"}).headers["x-request-id"] == "req-7.a_b"
+
+
+def test_chunked_body_over_the_limit_is_413_even_when_the_handler_parses_it() -> None:
+    """FastAPI reports a body it could not read as a 400 parse error; the limit must still read 413."""
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+        yield from (b"a" * 500 for _ in range(10))
+        yield b'"}]}'
+
+    r = _app(max_body_bytes=1024).post("/v1/chat/completions", content=chunks(),
+                                      headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"

@@ -6,6 +6,7 @@ untouched: a dropped SSE client must cancel the handler, which aborts the engine
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -87,6 +88,13 @@ class GatewayMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
 
+        async def app_send(message: Message) -> None:
+            # A handler that caught the body-limit error while parsing (FastAPI turns it into "error
+            # parsing the body", 400) must not answer: the client gets the 413 below instead.
+            if status_holder.get("too_large") and not status_holder["started"]:
+                return
+            await send_wrapper(message)
+
         route = _route_label(path)
         try:
             if path not in _OPEN_PATHS and not self._authorized(headers):
@@ -112,15 +120,16 @@ class GatewayMiddleware:
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > limit:
+                        status_holder["too_large"] = True
                         raise BodyTooLargeError
                 return message
 
             self.inflight += 1
             self.metrics.inflight.inc()
             try:
-                await self.app(scope, limited_receive, send_wrapper)
-            except BodyTooLargeError:
-                if not status_holder["started"]:
+                with contextlib.suppress(BodyTooLargeError):
+                    await self.app(scope, limited_receive, app_send)
+                if status_holder.get("too_large") and not status_holder["started"]:
                     await self._reply(send_wrapper, 413, f"Request body is larger than the limit of {limit} bytes",
                                       code="body_too_large")
             finally:
