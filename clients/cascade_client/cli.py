@@ -25,18 +25,22 @@ EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
 class Bars:
-    """Two tqdm bars: bytes uploaded (with a total when the input size is known) and bytes received."""
+    """Two tqdm bars: bytes uploaded (with a total when the input size is known) and bytes (and
+    chunks) received."""
 
     def __init__(self, upload_total: int | None, received_unit: str) -> None:
         common: dict[str, Any] = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "file": sys.stderr,
                                   "dynamic_ncols": True, "leave": False}
         self._sent = tqdm(total=upload_total, desc="upload", position=0, **common)
         self._received = tqdm(desc=received_unit, position=1, **common)
+        self._chunks = 0
 
     def sent(self, nbytes: int) -> None:
         self._sent.update(nbytes)
 
     def received(self, nbytes: int) -> None:
+        self._chunks += 1
+        self._received.set_postfix(chunks=self._chunks, refresh=False)
         self._received.update(nbytes)
 
     def close(self) -> None:
