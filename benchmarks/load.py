@@ -94,6 +94,18 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def breakdown(pid: int | None) -> dict[str, float]:
+    """RSS of each descendant (``pid name``), to see which engine process grows."""
+    out = {}
+    for child in _children(pid) if pid is not None else []:
+        try:
+            name = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")[-40:]
+        except OSError:
+            continue
+        out[f"{child} {name}"] = rss_mib(child)
+    return out
+
+
 def memory(pid: int | None) -> tuple[float, float]:
     """(gateway RSS, sum of its descendants' RSS — the engine processes), MiB."""
     if pid is None:
@@ -320,15 +332,18 @@ def level_table(concurrency: int, stats: Stats, wall: float) -> str:
 
 async def main_async(args: argparse.Namespace, url: str, key: str | None, pid: int | None) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    mix = list(MIX)
+    mix = [(op, w) for op, w in MIX if not args.only or op in args.only.split(",")]
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
         probe = await client.post("/v1/completions", json=topk_body(args.model, SNIPPETS[0]))
-        if probe.status_code != 200:
+        if not any(op == "topk_export" for op, _ in mix):
+            pass
+        elif probe.status_code != 200:
             mix = [(op, w) for op, w in mix if op != "topk_export"]
             print(f"top-k export: skipped (server answers {probe.status_code}: {probe.text[:120]})")
         else:
             print("top-k export: in the mix")
     start_mem = memory(pid)
+    start_parts = breakdown(pid)
     summary = []
     exit_code = 0
     for concurrency in args.concurrency:
@@ -357,6 +372,8 @@ async def main_async(args: argparse.Namespace, url: str, key: str | None, pid: i
     print("\n".join(summary))
     print(f"\nwhole run: gateway RSS {start_mem[0]:.0f} → {end_mem[0]:.0f} MiB, engines RSS "
           f"{start_mem[1]:.0f} → {end_mem[1]:.0f} MiB")
+    for name, end in breakdown(pid).items():
+        print(f"  {name}: {start_parts.get(name, float('nan')):.0f} → {end:.0f} MiB")
     return exit_code
 
 
@@ -371,6 +388,8 @@ def main() -> int:
     parser.add_argument("--max-requests", type=int, default=20000, help="requests per level (bound 2)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--serve-args", default="", help="extra `cascade serve` flags when starting a service")
+    parser.add_argument("--only", help="comma-separated operations to keep from the mix "
+                        f"({', '.join(op for op, _ in MIX)})")
     args = parser.parse_args()
     if args.server:
         loopback_only(args.server)
