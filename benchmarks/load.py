@@ -397,13 +397,15 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from tests.integration.conftest import start_service, stop_service
 
-    with tempfile.TemporaryDirectory(prefix="cascade-load-") as tmp:
-        service = start_service(Path(tmp), args.serve_args.split())
-        try:
-            code = asyncio.run(main_async(args, service.base_url, service.api_key, service.process.pid))
-        finally:
-            stopped = stop_service(service)
-        print(f"service exit code after SIGTERM: {stopped}")
+    tmp = tempfile.mkdtemp(prefix="cascade-load-")
+    service = start_service(Path(tmp), args.serve_args.split())
+    try:
+        code = asyncio.run(main_async(args, service.base_url, service.api_key, service.process.pid))
+    finally:
+        alive = service.process.poll() is None
+        stopped = stop_service(service)
+        print(f"service {'exit code after SIGTERM' if alive else 'had already exited with'}: {stopped}; "
+              f"its log: {service.log_path}")
     return code
 
 
