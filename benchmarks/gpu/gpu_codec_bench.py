@@ -366,12 +366,12 @@ async def cmd_det(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def repair_trailer(container: bytes) -> tuple[bytes, bool]:
-    """BENCH-ONLY WORKAROUND for a bug found here (not a fix of the service): with more than one segment
-    in flight, CodecPipeline.compress lets ContainerWriter update its running CRC in the order segments
-    *finish*, but emits the records in submission order, so the trailer CRC of a multi-segment container
-    made with window > 1 does not match and /decompress refuses it. Recompute the trailer CRC over the
-    bytes as emitted (every record keeps its own CRC, and each decoded segment is still CRC-checked),
-    so the decoding itself can be measured. Returns (container, was the trailer already valid)."""
+    """Bench-only workaround for a bug found here and since fixed in the service (see
+    tests/unit/codec/test_pipeline_order.py); kept so figures from older builds stay comparable.
+    With several segments in flight, CodecPipeline.compress used to update the running CRC in the
+    order segments *finished* but emit them in submission order, so the trailer CRC did not match.
+    Recompute it over the bytes as emitted (every record keeps its own CRC, and each decoded segment
+    is still CRC-checked). Returns (container, was the trailer already valid)."""
     import struct
     import zlib
 

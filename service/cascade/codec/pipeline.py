@@ -11,7 +11,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from cascade.codec.container import (
     KIND_CODED,
@@ -46,6 +46,15 @@ class ModelMismatchError(ValueError):
 
 class IntegrityError(ValueError):
     """A decoded segment does not match its recorded checksum: nothing wrong is returned."""
+
+
+class SegmentResult(NamedTuple):
+    """A segment ready for ``ContainerWriter.segment_bytes``."""
+
+    kind: int
+    tokens: int
+    original: bytes
+    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -152,26 +161,29 @@ class CodecPipeline:
         stats.bytes_out += len(header)
         yield header
 
-        async def jobs() -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
+        async def jobs() -> AsyncIterator[Callable[[], Awaitable[SegmentResult]]]:
             index = 0
             async for segment in segmenter.segments(counted(chunks, stats)):
-                yield self._segment_job(codec, writer, segment, context, options, stats, f"{request_id}-c{index}")
+                yield self._segment_job(codec, segment, context, options, stats, f"{request_id}-c{index}")
                 index += 1
 
-        async for record in ordered(jobs(), self.window):
+        async for coded in ordered(jobs(), self.window):
+            record = writer.segment_bytes(*coded)
             stats.bytes_out += len(record)
             yield record
         trailer = writer.trailer_bytes()
         stats.bytes_out += len(trailer)
         yield trailer
 
-    def _segment_job(self, codec: EngineCodec, writer: ContainerWriter, segment: Segment, context: list[int],
-                     options: CompressOptions, stats: CompressStats, rid: str) -> Callable[[], Awaitable[bytes]]:
-        async def run() -> bytes:
+    def _segment_job(self, codec: EngineCodec, segment: Segment, context: list[int], options: CompressOptions,
+                     stats: CompressStats, rid: str) -> Callable[[], Awaitable[SegmentResult]]:
+        """Jobs finish in any order; only their results go through the writer, in submission order,
+        because the container's running CRC covers the records in the order they are written."""
+        async def run() -> SegmentResult:
             if segment.tokens is None:
                 stats.raw_segments += 1
                 stats.segments += 1
-                return writer.segment_bytes(KIND_RAW, 0, segment.data, segment.data)
+                return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             coded = await codec.encode(segment.tokens, context, options.top_k, options.precision_bits, rid)
             if options.verify:
                 back = await codec.decode(coded.payload, coded.tokens, context, options.top_k,
@@ -183,7 +195,7 @@ class CodecPipeline:
             stats.payload_bits += 8 * len(coded.payload)
             stats.ideal_bits += coded.ideal_bits
             stats.segments += 1
-            return writer.segment_bytes(KIND_CODED, coded.tokens, segment.data, coded.payload)
+            return SegmentResult(KIND_CODED, coded.tokens, segment.data, coded.payload)
 
         return run
 

@@ -1,0 +1,92 @@
+"""The pipeline with several segments in flight: records and their running CRC follow submission order.
+
+A byte-level stand-in replaces the engine so segments can be made to finish in reverse order; the
+container, not the engine, is what is under test here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from cascade.codec.container import parse_container
+from cascade.codec.engine_codec import CodedSegment
+from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats
+
+
+class ByteTokenizer:
+    eos_token_id = 0
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens: list[int], **_: Any) -> str:
+        return bytes(tokens).decode("utf-8", "replace")
+
+
+class FakeEngines:
+    tokenizer = ByteTokenizer()
+    fingerprint = bytes(range(32))
+
+
+class ReverseFinishingCodec:
+    """Stores tokens as bytes; later segments finish first."""
+
+    separator_id = 0
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    async def encode(self, tokens: Sequence[int], context: Sequence[int], top_k: int, precision_bits: int,
+                     rid: str) -> CodedSegment:
+        self.started += 1
+        await asyncio.sleep(0.05 / self.started)
+        return CodedSegment(bytes(tokens), len(tokens), 0.0)
+
+    async def decode(self, payload: bytes, n_tokens: int, context: Sequence[int], top_k: int,
+                     precision_bits: int, rid: str) -> list[int]:
+        await asyncio.sleep(0)
+        return list(payload)
+
+
+def _pipeline(window: int) -> CodecPipeline:
+    pipe = CodecPipeline(FakeEngines(), "float32", max_model_len=64, window=window)  # type: ignore[arg-type]
+    pipe.unavailable_reason = None
+    codec = ReverseFinishingCodec()
+    pipe._engine_codec = lambda: codec  # type: ignore[method-assign,assignment,return-value]
+    return pipe
+
+
+async def _source(data: bytes) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), 100):
+        yield data[i:i + 100]
+
+
+async def _compress(pipe: CodecPipeline, data: bytes) -> bytes:
+    options = CompressOptions(top_k=8, precision_bits=32, segment_tokens=40)
+    return b"".join([part async for part in pipe.compress(_source(data), options, CompressStats(), "t")])
+
+
+async def _decompress(pipe: CodecPipeline, container: bytes) -> bytes:
+    async def once() -> AsyncIterator[bytes]:
+        yield container
+
+    return b"".join([data async for _, data in pipe.decompress(once(), "t")])
+
+
+def test_segments_finishing_out_of_order_still_give_a_valid_trailer_crc() -> None:
+    data = "".join(f"line {i}: {'é' * (i % 7)} the quick brown fox\n" for i in range(60)).encode()
+    pipe = _pipeline(window=6)
+    container = asyncio.run(_compress(pipe, data))
+    parsed = parse_container(container)
+    assert len(parsed.segments) > 6
+    assert asyncio.run(_decompress(pipe, container)) == data
+
+
+def test_window_does_not_change_the_container() -> None:
+    data = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(40)).encode()
+    assert asyncio.run(_compress(_pipeline(window=1), data)) == asyncio.run(_compress(_pipeline(window=8), data))
