@@ -86,8 +86,8 @@ _BY_STATUS: dict[int, type[CascadeError]] = {
     400: BadRequestError, 401: AuthenticationError, 404: NotFoundError, 409: ModelMismatchError,
     413: PayloadTooLargeError, 422: IntegrityError, 429: RateLimitError, 503: ServiceUnavailableError,
 }
-# Codec failures that arrive inside a 200 SSE stream carry a code but no status; these are the
-# statuses the server gives the same failures before the stream starts.
+# Failures inside a 200 SSE stream carry the status the same failure gets before the stream starts;
+# servers older than that field only carry a code, mapped here.
 _STATUS_BY_CODE = {"model_mismatch": 409, "checksum_mismatch": 422, "codec_unavailable": 503,
                    "engine_unavailable": 503, "internal_error": 500, "input_too_large": 413}
 
@@ -95,7 +95,8 @@ _STATUS_BY_CODE = {"model_mismatch": 409, "checksum_mismatch": 422, "codec_unava
 def error_for(status: int, error: Mapping[str, Any]) -> CascadeError:
     """The typed exception for an OpenAI-shaped ``error`` object."""
     if not status:
-        status = _STATUS_BY_CODE.get(str(error.get("code")), 400)
+        carried = error.get("status")
+        status = carried if isinstance(carried, int) and carried else _STATUS_BY_CODE.get(str(error.get("code")), 400)
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else CascadeError)
     return cls(status, str(error.get("message", "")), error.get("code"), type=error.get("type"),
                param=error.get("param"))

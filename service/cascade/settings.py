@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     memory_fraction: float = Field(
         0.12, gt=0.0, le=0.98, description="vLLM gpu_memory_utilization of the main engine (CPU memory on CPU)."
     )
+    kv_cache_mib: int | None = Field(
+        None, ge=16, description="KV cache of the main and prediction engines, in MiB; overrides the memory "
+        "fractions. Default: the fractions on a GPU, 512 MiB on the CPU (where vLLM reads the fraction off "
+        "the NUMA node's total, which differs between machines of the same size)."
+    )
     enforce_eager: bool = Field(True, description="Disable torch.compile/CUDA graphs (fast start).")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism for large models.")
     engine_seed: int = Field(0, description="Engine-level seed.")
@@ -48,6 +53,10 @@ class Settings(BaseSettings):
     # codec
     enable_codec: bool = Field(True, description="Run the codec engine (/compress, /decompress).")
     codec_memory_fraction: float = Field(0.06, gt=0.0, le=0.98, description="Memory fraction of the codec engine.")
+    codec_kv_cache_mib: int | None = Field(
+        None, ge=16, description="KV cache of the codec engine, in MiB. Default: codec_memory_fraction on a "
+        "GPU, 128 MiB on the CPU."
+    )
     codec_max_num_seqs: int = Field(
         1, ge=1, description="Codec engine batch size. 1 keeps every step's shapes fixed (exact on CPU); "
         "raise it only where the self-test proves batch invariance (GPU with VLLM_BATCH_INVARIANT=1)."

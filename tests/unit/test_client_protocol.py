@@ -20,7 +20,15 @@ import numpy as np
 import pytest
 import uvicorn
 from cascade_client import AsyncCascadeClient, AuthenticationError, CascadeClient, CascadeConnectionError
-from cascade_client.protocol import Event, IntegrityError, ModelMismatchError, SSEParser, error_from_body
+from cascade_client.protocol import (
+    Event,
+    IntegrityError,
+    ModelMismatchError,
+    ServiceUnavailableError,
+    SSEParser,
+    error_for,
+    error_from_body,
+)
 
 EXPANSION = 3  # the fake's reply is larger than its input, like SSE base64 of a poorly compressible file
 
@@ -193,6 +201,13 @@ def test_error_bodies_map_to_typed_exceptions() -> None:
     assert isinstance(error, ModelMismatchError) and error.message == "other model"
     plain = error_from_body(502, b"<html>bad gateway</html>")
     assert plain.status == 502 and "bad gateway" in plain.message
+
+
+def test_stream_errors_take_the_status_they_carry() -> None:
+    carried = error_for(0, {"message": "engine died", "code": "some_new_code", "status": 503})
+    assert isinstance(carried, ServiceUnavailableError) and carried.status == 503
+    older_server = error_for(0, {"message": "bad segment", "code": "checksum_mismatch"})
+    assert isinstance(older_server, IntegrityError) and older_server.status == 422
 
 
 def test_iter_compress_yields_chunks_as_they_arrive(fake_server: str) -> None:

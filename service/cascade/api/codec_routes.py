@@ -57,6 +57,13 @@ def get_codec(request: Request) -> CodecPipeline:
     return codec
 
 
+def _error_event(exc: BaseException) -> bytes:
+    """A failure after the 200 header went out; ``status`` is what the same failure gets before it."""
+    error = _as_api_error(exc)
+    return sse_event("error", {"error": {"message": error.message, "type": "codec_error", "param": error.param,
+                                         "code": error.code, "status": error.status}})
+
+
 def _as_api_error(exc: BaseException) -> APIError:
     """Codec failures in the OpenAI error shape; bad input is always 4xx."""
     if isinstance(exc, APIError):
@@ -192,9 +199,7 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
                 yield sse_event("done", stats.as_dict())
             except Exception as exc:
                 account(exc)
-                error = _as_api_error(exc)
-                yield sse_event("error", {"error": {"message": error.message, "type": "codec_error",
-                                                    "param": error.param, "code": error.code}})
+                yield _error_event(exc)
 
         return BodyThenDisconnectResponse(events(), body_done, media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -265,9 +270,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
             yield sse_event("done", {"segments": segments, "bytes": total, "verified": True})
         except Exception as exc:
             metrics.codec_errors.labels(type(exc).__name__).inc()
-            error = _as_api_error(exc)
-            yield sse_event("error", {"error": {"message": error.message, "type": "codec_error",
-                                                "param": error.param, "code": error.code}})
+            yield _error_event(exc)
 
     return BodyThenDisconnectResponse(events(), body_done, media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -32,14 +32,18 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
-    """What a stream sends when it fails after the 200 header went out."""
+    """What a stream sends when it fails after the 200 header went out; ``status`` is the one the
+    same failure would have had as a plain reply."""
     if isinstance(exc, APIError):
-        return error_body(exc.status, exc.message, exc.param, exc.code)
-    if isinstance(exc, EngineNotReadyError):
-        return error_body(503, str(exc), code="engine_unavailable")
-    if is_engine_failure(exc):
-        return error_body(503, "The engine failed while serving this request", code="engine_unavailable")
-    return error_body(500, "Internal server error", code="internal_error")
+        status, body = exc.status, error_body(exc.status, exc.message, exc.param, exc.code)
+    elif isinstance(exc, EngineNotReadyError):
+        status, body = 503, error_body(503, str(exc), code="engine_unavailable")
+    elif is_engine_failure(exc):
+        status, body = 503, error_body(503, "The engine failed while serving this request", code="engine_unavailable")
+    else:
+        status, body = 500, error_body(500, "Internal server error", code="internal_error")
+    body["error"]["status"] = status
+    return body
 
 
 async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]], poll: float = 0.25,

@@ -22,8 +22,29 @@ class EngineRole(StrEnum):
     CODEC = "codec"
 
 
-def engine_kwargs(settings: Settings, role: EngineRole) -> dict[str, Any]:
-    """Keyword arguments for ``AsyncEngineArgs`` for one role."""
+CPU_KV_CACHE_MIB = {"main": 512, "predict": 512, "codec": 128}
+
+
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def kv_cache_bytes(settings: Settings, role: EngineRole, cpu: bool) -> int | None:
+    """An explicit KV cache size, or None to let vLLM size it from the memory fraction.
+
+    On the CPU vLLM takes the fraction of the NUMA node's memory, which is not the machine's, so a
+    fraction that starts on one host can leave nothing for the KV cache on another: sizes are fixed.
+    """
+    explicit = settings.codec_kv_cache_mib if role is EngineRole.CODEC else settings.kv_cache_mib
+    if explicit is None and cpu:
+        explicit = CPU_KV_CACHE_MIB[role.value]
+    return None if explicit is None else explicit << 20
+
+
+def engine_kwargs(settings: Settings, role: EngineRole, *, cpu: bool | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``AsyncEngineArgs`` for one role (``cpu``: default, the current platform)."""
     kwargs: dict[str, Any] = {
         "model": settings.model,
         "served_model_name": settings.model_name,
@@ -50,6 +71,9 @@ def engine_kwargs(settings: Settings, role: EngineRole) -> dict[str, Any]:
         kwargs["max_num_seqs"] = settings.codec_max_num_seqs
         kwargs["gpu_memory_utilization"] = settings.codec_memory_fraction
         kwargs["enable_prefix_caching"] = False
+    kv_bytes = kv_cache_bytes(settings, role, on_cpu() if cpu is None else cpu)
+    if kv_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_bytes
     return kwargs
 
 

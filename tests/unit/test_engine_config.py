@@ -1,0 +1,28 @@
+"""Engine arguments per role: KV cache sizes are explicit on the CPU and follow the fractions on a GPU."""
+
+from __future__ import annotations
+
+from cascade.engine.config import CPU_KV_CACHE_MIB, EngineRole, engine_kwargs
+from cascade.settings import Settings
+
+
+def test_cpu_engines_get_fixed_kv_cache_sizes() -> None:
+    settings = Settings()
+    for role in EngineRole:
+        kwargs = engine_kwargs(settings, role, cpu=True)
+        assert kwargs["kv_cache_memory_bytes"] == CPU_KV_CACHE_MIB[role.value] << 20
+
+
+def test_gpu_engines_size_their_kv_cache_from_the_memory_fraction() -> None:
+    settings = Settings(memory_fraction=0.4, codec_memory_fraction=0.1)
+    main = engine_kwargs(settings, EngineRole.MAIN, cpu=False)
+    codec = engine_kwargs(settings, EngineRole.CODEC, cpu=False)
+    assert "kv_cache_memory_bytes" not in main and "kv_cache_memory_bytes" not in codec
+    assert (main["gpu_memory_utilization"], codec["gpu_memory_utilization"]) == (0.4, 0.1)
+
+
+def test_explicit_kv_cache_sizes_win_on_any_device() -> None:
+    settings = Settings(kv_cache_mib=64, codec_kv_cache_mib=32)
+    for cpu in (True, False):
+        assert engine_kwargs(settings, EngineRole.PREDICT, cpu=cpu)["kv_cache_memory_bytes"] == 64 << 20
+        assert engine_kwargs(settings, EngineRole.CODEC, cpu=cpu)["kv_cache_memory_bytes"] == 32 << 20
