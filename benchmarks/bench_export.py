@@ -118,7 +118,7 @@ async def corpus_mode(args: argparse.Namespace) -> None:
         out = Path(tmp) / "out.bin"
         async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600) as client:
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
-            exporter = TopkExporter(client, model, args.top_k, concurrency=8)
+            exporter = TopkExporter(client, args.top_k, model=model, concurrency=8)
             samples: list[tuple[float, float, float]] = []
             start = time.perf_counter()
 

@@ -25,6 +25,8 @@ from cascade_client.protocol import (
     ServiceUnavailableError,
     TargetMatch,
 )
+from cascade_client.topk_export import ExportStats
+from cascade_client.topk_format import TopkDocument
 
 __all__ = [
     "AsyncCascadeClient",
@@ -35,6 +37,7 @@ __all__ = [
     "CascadeError",
     "CompressStats",
     "DecompressStats",
+    "ExportStats",
     "IntegrityError",
     "KcbsResult",
     "KcbsSequence",
@@ -46,4 +49,5 @@ __all__ = [
     "ServerError",
     "ServiceUnavailableError",
     "TargetMatch",
+    "TopkDocument",
 ]

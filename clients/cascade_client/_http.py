@@ -49,11 +49,11 @@ def request_args(spec: RequestSpec, *, duplex: bool = False, content: Any = None
     return args
 
 
-def json_reply(response: httpx.Response) -> Any:
-    """The decoded body of a read reply, or the typed error it carries."""
+def json_reply(response: httpx.Response, spec: RequestSpec | None = None) -> Any:
+    """The decoded body of a read reply (raw bytes where ``spec`` asks), or the typed error it carries."""
     if response.is_error:
         raise error_from_body(response.status_code, response.content)
-    return response.json()
+    return response.content if spec is not None and spec.binary_reply else response.json()
 
 
 @contextlib.contextmanager

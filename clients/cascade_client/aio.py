@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import io
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, Union
 
 import httpx
@@ -22,6 +23,8 @@ from cascade_client._http import ClientBase, client_options, json_reply, request
 from cascade_client._io import Sink, Source, flush_sink, from_thread, iter_source, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
+from cascade_client.topk_export import ExportStats, TopkExporter
+from cascade_client.topk_format import TopkDocument
 
 __all__ = ["AsyncCascadeClient", "AsyncSink", "AsyncSource"]
 
@@ -121,7 +124,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
         with transport_errors(self.server):
             spec = next(call)
             while True:
-                reply = json_reply(await self._http.request(**request_args(spec)))
+                reply = json_reply(await self._http.request(**request_args(spec)), spec)
                 try:
                     spec = call.send(reply)
                 except StopIteration as done:
@@ -157,3 +160,13 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
     async def kcbs(self, prompt: str, beam_width: int, steps: int, **params: Any) -> KcbsResult:
         """Top-k-constrained beam search (parameters as ``CascadeClient.kcbs``)."""
         return await self._json(protocol.kcbs_call(prompt, beam_width, steps, **params))
+
+    async def export_topk(self, prompt: str | Sequence[int], top_k: int = 100, **sampling: Any) -> TopkDocument:
+        """One prompt's top-k distributions (parameters as ``CascadeClient.export_topk``)."""
+        return await self._json(protocol.export_topk_call(prompt, top_k, **sampling))
+
+    async def export_topk_to(self, sink: Sink, sources: Sequence[str | Path], top_k: int = 100, *,
+                             progress: Progress | None = None, **options: Any) -> ExportStats:
+        """Export files and directories to ``sink`` (options as ``CascadeClient.export_topk_to``)."""
+        with transport_errors(self.server):
+            return await TopkExporter(self._http, top_k, **options).run(sources, sink, progress)

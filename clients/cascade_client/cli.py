@@ -1,4 +1,4 @@
-"""Client side of the ``cascade`` command: ``compress``, ``decompress``, ``kcbs``.
+"""Client side of the ``cascade`` command: ``compress``, ``decompress``, ``kcbs``, ``export-topk``.
 
 ``-`` is stdin/stdout. Progress bars (bytes uploaded, bytes of reply received) go to stderr when it
 is a terminal, unless ``--quiet``. Any failure is one ``cascade: error: ...`` line on stderr and a
@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from cascade_client.client import CascadeClient
 from cascade_client.protocol import CascadeError, CompressStats
+from cascade_client.topk_export import ExportStats, iter_sources
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -141,6 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     beam.add_argument("--temperature", type=float)
     beam.add_argument("--eos", choices=("block", "stop"))
     beam.add_argument("--all-candidates", action="store_true", help="final_prune=false: return all k² candidates")
+    export = sub.add_parser("export-topk", parents=[common],
+                            help="teacher-forced top-k distributions of every position of a corpus, as binary")
+    export.add_argument("inputs", nargs="+", metavar="FILE|DIR", help="UTF-8 text files; directories recursively")
+    export.add_argument("-o", "--output", required=True, help="binary output file, or - for stdout")
+    export.add_argument("--top-k", type=int, default=100, help="candidates kept per position (default 100)")
+    export.add_argument("--window", type=int, help="tokens per request (default: the model's length - 1)")
+    export.add_argument("--overlap", type=int, default=64, help="context tokens repeated from the previous window")
+    export.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    export.add_argument("--temperature", type=float)
+    export.add_argument("--top-p", type=float)
+    export.add_argument("--sampling-top-k", type=int, help="the sampling stack's top-k (not the export's k)")
+    export.add_argument("--min-p", type=float)
     return parser
 
 
@@ -165,6 +178,26 @@ def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | N
                 bars.close()
 
 
+def _export(client: CascadeClient, args: argparse.Namespace) -> ExportStats:
+    sources = list(iter_sources(args.inputs))
+    for path in sources:
+        if not path.is_file():
+            raise CascadeError(0, f"no such file: {path}")
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.sampling_top_k,
+                "min_p": args.min_p}
+    with _output(args.output) as dst:
+        bars = Bars(sum(p.stat().st_size for p in sources), "export") if _show_progress(args) else None
+        try:
+            return client.export_topk_to(dst, sources, args.top_k, progress=bars, window=args.window,
+                                         overlap=args.overlap, concurrency=args.concurrency,
+                                         sampling={k: v for k, v in sampling.items() if v is not None})
+        except ValueError as exc:
+            raise CascadeError(0, str(exc)) from None
+        finally:
+            if bars is not None:
+                bars.close()
+
+
 def _run(args: argparse.Namespace) -> None:
     with CascadeClient(args.server, args.api_key, timeout=args.timeout) as client:
         if args.command in ("compress", "decompress"):
@@ -177,6 +210,11 @@ def _run(args: argparse.Namespace) -> None:
                                  max_edit_distance=args.max_edit_distance, temperature=args.temperature,
                                  eos=args.eos, final_prune=False if args.all_candidates else None)
             print(json.dumps(result.raw, indent=1))
+        elif args.command == "export-topk":
+            exported = _export(client, args)
+            if not args.quiet:
+                print(f"{exported.files} files, {exported.tokens} tokens → {exported.positions} positions "
+                      f"({exported.requests} requests, {exported.output_bytes} bytes)", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

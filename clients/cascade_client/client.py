@@ -7,8 +7,10 @@ the body is still being sent, so inputs of any size stream through in constant m
 
 from __future__ import annotations
 
+import asyncio
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -26,15 +28,19 @@ from cascade_client.protocol import (
     Progress,
     StreamCall,
 )
+from cascade_client.topk_export import ExportStats, TopkExporter
+from cascade_client.topk_format import TopkDocument
 
-__all__ = ["CascadeClient", "CascadeError", "CompressStats", "DecompressStats", "KcbsResult"]
+__all__ = ["CascadeClient", "CascadeError", "CompressStats", "DecompressStats", "ExportStats", "KcbsResult",
+           "TopkDocument"]
 
 R = TypeVar("R")
 
 
 class CascadeClient(ClientBase[httpx.Client]):
     """``compress_to``/``decompress_to`` stream between a source and a sink, never holding a whole
-    file; ``compress``/``decompress`` are the in-memory conveniences; ``kcbs`` runs a beam search.
+    file; ``compress``/``decompress`` are the in-memory conveniences; ``kcbs`` runs a beam search;
+    ``export_topk`` returns one prompt's top-k distributions, ``export_topk_to`` streams a corpus's.
 
     Every failure raises a ``CascadeError`` subclass carrying the server's status, message, type
     and code (``CascadeConnectionError`` when the server cannot be reached). ``duplex=False`` sends
@@ -43,7 +49,8 @@ class CascadeClient(ClientBase[httpx.Client]):
 
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
                  *, duplex: bool = True, transport: httpx.BaseTransport | None = None) -> None:
-        http = httpx.Client(transport=transport or SyncDuplexTransport(), **client_options(server, api_key, timeout))
+        self._options = client_options(server, api_key, timeout)
+        http = httpx.Client(transport=transport or SyncDuplexTransport(), **self._options)
         super().__init__(http, duplex)
 
     def close(self) -> None:
@@ -83,7 +90,7 @@ class CascadeClient(ClientBase[httpx.Client]):
         with transport_errors(self.server):
             spec = next(call)
             while True:
-                reply = json_reply(self._http.request(**request_args(spec)))
+                reply = json_reply(self._http.request(**request_args(spec)), spec)
                 try:
                     spec = call.send(reply)
                 except StopIteration as done:
@@ -125,3 +132,27 @@ class CascadeClient(ClientBase[httpx.Client]):
         """Top-k-constrained beam search; ``params``: ``target``, ``max_edit_distance``, ``eos``,
         ``final_prune``, ``temperature``, ``model`` (default: the served model)."""
         return self._json(protocol.kcbs_call(prompt, beam_width, steps, **params))
+
+    def export_topk(self, prompt: str | Sequence[int], top_k: int = 100, **sampling: Any) -> TopkDocument:
+        """Every position's processed, renormalised top-k for one prompt (text or token ids), as
+        arrays: ``targets[n]``, ``ids[n, k]``, ``logprobs[n, k]`` (record ``i`` is token ``i + 1``).
+
+        ``sampling``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``logit_bias``,
+        ``allowed_token_ids``, ``bad_words``, ``model``.
+        """
+        return self._json(protocol.export_topk_call(prompt, top_k, **sampling))
+
+    def export_topk_to(self, sink: Sink, sources: Sequence[str | Path], top_k: int = 100, *,
+                       progress: Progress | None = None, **options: Any) -> ExportStats:
+        """Export files and directories to ``sink`` in the binary layout, never holding the corpus.
+
+        ``options``: ``window`` (tokens per request; default the model length), ``overlap`` (context
+        tokens repeated from the previous window), ``concurrency``, ``model``, and ``sampling`` (a dict
+        as for ``export_topk``). Runs the async exporter on its own event loop.
+        """
+        async def run() -> ExportStats:
+            async with httpx.AsyncClient(**self._options) as http:
+                return await TopkExporter(http, top_k, **options).run(sources, sink, progress)
+
+        with transport_errors(self.server):
+            return asyncio.run(run())

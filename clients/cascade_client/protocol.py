@@ -11,10 +11,13 @@ method in each client.
 from __future__ import annotations
 
 import base64
+import io
 import json
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
+
+from cascade_client.topk_format import TopkDocument, TopkFormatError, read_all
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CHUNK = 1 << 16
@@ -207,6 +210,8 @@ class RequestSpec:
     params: Mapping[str, str | int] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     json: Any = None
+    binary_reply: bool = False
+    """The call is sent the reply's raw bytes instead of its decoded JSON."""
 
 
 def query_params(params: Mapping[str, Any]) -> dict[str, str | int]:
@@ -391,7 +396,8 @@ def decompress_call() -> StreamCall[DecompressStats]:
 # --------------------------------------------------------------------------- JSON calls
 
 JsonCall = Generator[RequestSpec, Any, R]
-"""A JSON exchange: yields requests, is sent each decoded reply, returns the result."""
+"""A request/reply exchange: yields requests, is sent each reply (decoded JSON, or bytes where the
+spec says ``binary_reply``), returns the result."""
 
 
 def default_model() -> JsonCall[str]:
@@ -409,3 +415,26 @@ def kcbs_call(prompt: str, beam_width: int, steps: int, *, model: str | None = N
             **{k: v for k, v in params.items() if v is not None}}
     reply = yield RequestSpec("POST", "/v1/kcbs", json=body)
     return KcbsResult.from_json(reply)
+
+
+def export_topk_call(prompt: str | Sequence[int], top_k: int = 100, *, model: str | None = None,
+                     **sampling: Any) -> JsonCall[TopkDocument]:
+    """``/v1/completions`` with ``compression``: every position's processed top-k, as arrays.
+
+    ``sampling`` is the sampling stack the distributions go through (``temperature``, ``top_p``,
+    ``top_k``, ``min_p``, ``logit_bias``, ``allowed_token_ids``, ``bad_words``). The reply is the
+    binary layout of ``topk_format``: one document, its first record at token index 1.
+    """
+    if model is None:
+        model = yield from default_model()
+    body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "compression": True,
+            "compression_top_k": top_k, **{k: v for k, v in sampling.items() if v is not None}}
+    reply = yield RequestSpec("POST", "/v1/completions", headers={"accept": "application/octet-stream"},
+                              json=body, binary_reply=True)
+    try:
+        _, documents = read_all(io.BytesIO(reply))
+    except TopkFormatError as exc:
+        raise CascadeError(0, f"the server's export is malformed: {exc}") from None
+    if len(documents) != 1:
+        raise CascadeError(0, f"expected one document in the export, got {len(documents)}")
+    return documents[0]

@@ -15,18 +15,21 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import httpx
 
-from cascade_client.protocol import CascadeError, error_from_body
-from cascade_client.topk_format import encode_arrays, encode_header, iter_documents, read_header
+from cascade_client._io import Sink, write_sink
+from cascade_client.protocol import CascadeError, Progress, error_from_body
+from cascade_client.topk_format import Header, encode_arrays, encode_header, iter_documents, read_header
 
 PIECE_BYTES = 1 << 16
 
 
 @dataclass
 class ExportStats:
+    """What ``cascade export-topk`` reports: input read, positions written, requests made."""
+
     files: int = 0
     bytes_read: int = 0
     tokens: int = 0
@@ -112,9 +115,12 @@ class Windower:
 class TopkExporter:
     """Drives one export over an ``httpx.AsyncClient`` that already has the base URL and auth."""
 
-    def __init__(self, http: httpx.AsyncClient, model: str, top_k: int, *, window: int | None = None,
-                 overlap: int = 64, concurrency: int = 4, sampling: dict[str, Any] | None = None) -> None:
-        self.http, self.model, self.top_k = http, model, top_k
+    def __init__(self, http: httpx.AsyncClient, top_k: int = 100, *, model: str | None = None,
+                 window: int | None = None, overlap: int = 64, concurrency: int = 4,
+                 sampling: dict[str, Any] | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.http, self.model, self.top_k = http, model or "", top_k
         self.window, self.overlap, self.concurrency = window, overlap, concurrency
         self.sampling = sampling or {}
 
@@ -132,7 +138,7 @@ class TopkExporter:
         reply = await self._json("/v1/tokenize", {"model": self.model, "prompt": text})
         return list(reply["tokens"]), int(reply["max_model_len"])
 
-    async def _export(self, item: Window) -> bytes:
+    async def _export(self, item: Window) -> tuple[Header, bytes]:
         body = {"model": self.model, "prompt": item.tokens, "compression": True, "compression_top_k": self.top_k,
                 **self.sampling}
         response = await self.http.post("/v1/completions", json=body, headers={"Accept": "application/octet-stream"})
@@ -142,11 +148,11 @@ class TopkExporter:
         header = read_header(stream)
         document = next(iter_documents(stream, header))
         skip = item.export_from - (item.first + 1)
-        return encode_arrays(item.name, item.export_from, self.top_k, document.targets[skip:],
-                             document.ids[skip:], document.logprobs[skip:])
+        return header, encode_arrays(item.name, item.export_from, self.top_k, document.targets[skip:],
+                                     document.ids[skip:], document.logprobs[skip:])
 
     async def _windows(self, sources: Sequence[str | Path], stats: ExportStats,
-                       progress: Any) -> AsyncIterator[Window]:
+                       progress: Progress | None) -> AsyncIterator[Window]:
         for path in iter_sources(sources):
             stats.files += 1
             windower: Windower | None = None
@@ -155,7 +161,7 @@ class TopkExporter:
                 stats.bytes_read += len(piece)
                 stats.tokens += len(tokens)
                 if progress is not None:
-                    progress.update(len(piece))
+                    progress.sent(len(piece))
                 if windower is None:
                     windower = Windower(str(path), self.window or max_len - 1, self.overlap)
                 for item in windower.push(tokens):
@@ -163,22 +169,41 @@ class TopkExporter:
             for item in windower.finish() if windower is not None else []:
                 yield item
 
-    async def run(self, sources: Sequence[str | Path], sink: BinaryIO, progress: Any = None) -> ExportStats:
-        """Write the header and every window's records to ``sink`` in corpus order."""
+    async def run(self, sources: Sequence[str | Path], sink: Sink,
+                  progress: Progress | None = None) -> ExportStats:
+        """Write the header and every window's records to ``sink`` in corpus order.
+
+        ``progress.sent`` counts input bytes as they are tokenised, ``progress.received`` output
+        bytes as they are written. The header is the server's (it names the vocabulary size).
+        """
         stats = ExportStats()
-        header = encode_header(self.top_k, 0)
-        sink.write(header)
-        stats.output_bytes += len(header)
-        pending: deque[asyncio.Task[bytes]] = deque()
+        if not self.model:
+            response = await self.http.get("/v1/models")
+            if response.status_code != 200:
+                raise error_from_body(response.status_code, response.content)
+            self.model = str(response.json()["data"][0]["id"])
+        pending: deque[asyncio.Task[tuple[Header, bytes]]] = deque()
+        wrote_header = False
+
+        async def write_next() -> None:
+            nonlocal wrote_header
+            header, records = await pending.popleft()
+            if not wrote_header:
+                stats.output_bytes += _write(sink, encode_header(header.k, header.vocab_size), None)
+                wrote_header = True
+            stats.output_bytes += _write(sink, records, progress)
+
         try:
             async for item in self._windows(sources, stats, progress):
                 pending.append(asyncio.ensure_future(self._export(item)))
                 stats.requests += 1
                 stats.positions += len(item.tokens) - (item.export_from - item.first)
                 if len(pending) >= self.concurrency:
-                    stats.output_bytes += _write(sink, await pending.popleft())
+                    await write_next()
             while pending:
-                stats.output_bytes += _write(sink, await pending.popleft())
+                await write_next()
+            if not wrote_header:
+                stats.output_bytes += _write(sink, encode_header(self.top_k, 0), None)
         finally:
             for task in pending:
                 task.cancel()
@@ -186,6 +211,8 @@ class TopkExporter:
         return stats
 
 
-def _write(sink: BinaryIO, data: bytes) -> int:
-    sink.write(data)
+def _write(sink: Sink, data: bytes, progress: Progress | None) -> int:
+    write_sink(sink, data)
+    if progress is not None:
+        progress.received(len(data))
     return len(data)

@@ -3,14 +3,17 @@
 Blocks marked ``<!-- readme-test: NAME -->`` right above a ```bash fence are run in README order,
 with bash, in one directory holding ``file.py``, after two substitutions: the service's address
 for ``localhost:8000``/``127.0.0.1:8000`` and the test API key as an ``authorization`` header on
-every curl. Each block's output is checked by the function registered under its name, and every
+every curl (the CLI finds both in ``CASCADE_SERVER``/``CASCADE_API_KEY``, where a user's default
+``127.0.0.1:8000`` would be). Each block's output is checked by the function registered under its name, and every
 marked block must have one (so a new example cannot go untested, nor a check outlive its example).
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
+import math
 import os
 import re
 import subprocess
@@ -108,10 +111,26 @@ def check_kcbs(out: str, _: Path) -> None:
     assert set(body["target_match"]) >= {"exact", "near_verbatim_probability", "matches"}
 
 
+def check_export_json(out: str, _: Path) -> None:
+    body = _json(out)
+    logprobs = body["choices"][0]["logprobs"]
+    assert logprobs["distribution_type"] == "topk-renorm" and logprobs["top_k"] == 5
+    assert len(logprobs["content"]) == body["usage"]["prompt_tokens"] - 1 and body["usage"]["completion_tokens"] == 0
+    for position in logprobs["content"]:
+        assert abs(sum(math.exp(c["logprob"]) for c in position["top_logprobs"]) - 1) < 1e-5
+
+
+def check_export_cli(out: str, _: Path) -> None:
+    k, docs = out.strip().split(" ", 1)
+    [(name, start, count)] = ast.literal_eval(docs)
+    assert int(k) == 8 and name == "file.py" and start == 1 and count > 10
+
+
 CHECKS: dict[str, Callable[[str, Path], None]] = {
     "completion": check_completion, "chat": check_chat, "chat-stream": check_chat_stream,
     "chat-prediction": check_chat_prediction, "compress-file": check_compress_file,
-    "compress-sse": check_compress_sse, "cli": check_cli, "kcbs": check_kcbs,
+    "compress-sse": check_compress_sse, "cli": check_cli, "export-json": check_export_json,
+    "export-cli": check_export_cli, "kcbs": check_kcbs,
 }
 
 
@@ -120,7 +139,7 @@ def test_every_marked_block_has_a_check_and_the_readme_covers_the_surface() -> N
     assert sorted(names) == sorted(CHECKS) and len(set(names)) == len(names)
     scripts = "\n".join(script for _, script in readme_blocks())
     for route in ("/v1/chat/completions", "/compress", "/decompress", "/v1/kcbs", '"prediction"',
-                  "text/event-stream", " -o "):
+                  '"compression": true', "export-topk", "text/event-stream", " -o "):
         assert route in scripts, route
 
 
@@ -134,7 +153,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", [name for name, _ in readme_blocks()])
 def test_readme_block_runs(service: Service, workdir: Path, name: str) -> None:
     script = dict(readme_blocks())[name]
-    env = {**os.environ, "CASCADE_API_KEY": service.api_key,
+    env = {**os.environ, "CASCADE_API_KEY": service.api_key, "CASCADE_SERVER": service.base_url,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", _localize(script, service)], capture_output=True,
                             text=True, cwd=workdir, env=env, timeout=300)
