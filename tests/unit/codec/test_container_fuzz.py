@@ -21,17 +21,21 @@ from collections import Counter
 
 import numpy as np
 from cascade.codec.container import (
+    KIND_CODED,
+    KIND_RAW,
     MAGIC,
     VERSION,
     Container,
     ContainerError,
     ContainerReader,
+    ContainerWriter,
+    Header,
     Limits,
     parse_container,
 )
 from cascade.codec.range_coder import Decoder
 from cascade.codec.topk_coding import decode_next_token
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 TRIED: Counter[str] = Counter()
@@ -48,6 +52,17 @@ def usually(value: int, other: st.SearchStrategy[int]) -> st.SearchStrategy[int]
 
 def _crc(body: bytes) -> bytes:
     return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _valid(segments: int) -> bytes:
+    """A well-formed container, so every run also takes the parser's success path."""
+    writer = ContainerWriter(Header(b"\1" * 32, 32, 64, 8192, "float32", {"separator_id": 1}, b"ctx"))
+    data = writer.header_bytes()
+    for i in range(segments):
+        original = b"seg%d" % i
+        data += (writer.segment_bytes(KIND_RAW, 0, original, original) if i % 2
+                 else writer.segment_bytes(KIND_CODED, i + 1, original, b"\x5a" * (i + 1)))
+    return data + writer.trailer_bytes()
 
 
 @st.composite
@@ -155,6 +170,8 @@ def _check(kind: str, data: bytes, limits: Limits, cuts: list[int]) -> None:
 
 @FUZZ
 @given(hostile_container(), LIMITS, st.lists(st.integers(0, 1 << 16), max_size=4))
+@example(_valid(0), Limits(), [])
+@example(_valid(3), Limits(), [5, 40])
 def test_hostile_containers_with_valid_checksums_only_raise_container_error(data: bytes, limits: Limits,
                                                                            cuts: list[int]) -> None:
     _check("structured", data, limits, cuts)
