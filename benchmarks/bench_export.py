@@ -146,7 +146,7 @@ async def corpus_mode(args: argparse.Namespace) -> None:
 def engine_mode(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=str(MODEL_DIR), dtype="float32", max_model_len=2048, gpu_memory_utilization=0.1,
+    llm = LLM(model=str(MODEL_DIR), dtype="float32", max_model_len=2048, kv_cache_memory_bytes=256 << 20,
               enforce_eager=True, max_logprobs=-1, enable_prefix_caching=False)
     ids = llm.get_tokenizer().encode(corpus_text(), add_special_tokens=False)
     windows = [{"prompt_token_ids": w} for w in token_windows(ids, args.window, args.windows)]

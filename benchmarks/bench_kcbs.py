@@ -37,7 +37,7 @@ async def main() -> None:
     await engines.start()
     tok = engines.tokenizer
     prompt_ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
-    llm = LLM(model=settings.model, dtype="float32", max_model_len=1024, gpu_memory_utilization=0.15,
+    llm = LLM(model=settings.model, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=512 << 20,
               enforce_eager=True, seed=0)
     rows = []
     for k in (2, 4, 8):

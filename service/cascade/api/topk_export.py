@@ -64,11 +64,13 @@ def export_params(body: CompletionRequest, k: int, settings: Settings, vocab_siz
     """One internal token (vLLM cannot stop before sampling once); it is never returned or counted.
 
     Set after construction, so ``skip_reading_prefix_cache`` must be set too: a prefix-cache hit
-    would leave the cached positions unscored."""
+    would leave the cached positions unscored. ``flat_logprobs`` keeps vLLM from building a dict
+    of ``Logprob`` objects per position (k + 1 objects each) that the export only reads back."""
     params = sampling_params(body.model_copy(update={"min_tokens": 0}), max_tokens=1, logprobs=None,
                              settings=settings, vocab_size=vocab_size, stream=False,
                              extra_args={EXPORT_KEY: True})
     params.prompt_logprobs = k
+    params.flat_logprobs = True
     params.skip_reading_prefix_cache = True
     params.detokenize = False
     params.ignore_eos = True

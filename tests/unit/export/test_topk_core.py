@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 from cascade.export.token_table import build_token_table
-from cascade.export.topk import position_from_logprobs, positions_from_prompt_logprobs, renormalise
+from cascade.export.topk import (
+    position_from_logprobs,
+    positions_from_flat,
+    positions_from_prompt_logprobs,
+    renormalise,
+)
 from cascade_client.topk_format import (
     PAD_ID,
     TopkFormatError,
@@ -20,7 +25,7 @@ from cascade_client.topk_format import (
     read_all,
     read_header,
 )
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 MODEL = Path(__file__).resolve().parents[3] / "models" / "pycoder-23m"
@@ -74,6 +79,72 @@ def test_positions_skip_the_first_token_and_need_every_other() -> None:
     assert [p.index for p in positions] == [1, 2] and [p.target for p in positions] == [6, 7]
     with pytest.raises(ValueError, match="position 2"):
         positions_from_prompt_logprobs(prompt, scored[:2], 4)
+
+
+@dataclass
+class Flat:
+    """vLLM's flat prompt-logprobs layout: per position the actual token, then the engine's top-k."""
+
+    start_indices: list[int] = field(default_factory=list)
+    end_indices: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ranks: list[int | None] = field(default_factory=list)
+
+    def append(self, entries: list[tuple[int, float, int | None]] | None) -> None:
+        self.start_indices.append(len(self.token_ids))
+        for token, value, rank in entries or []:
+            self.token_ids.append(token)
+            self.logprobs.append(value)
+            self.ranks.append(rank)
+        self.end_indices.append(len(self.token_ids))
+
+    def __getitem__(self, index: int) -> dict[int, Lp] | None:
+        span = range(self.start_indices[index], self.end_indices[index])
+        return {self.token_ids[i]: Lp(self.logprobs[i], self.ranks[i]) for i in span} or None
+
+    def __len__(self) -> int:
+        return len(self.start_indices)
+
+
+@st.composite
+def engine_rows(draw: st.DrawFn) -> tuple[list[int], Flat, int]:
+    """A prompt and what the engine returns for it: sorted top-k (ties and -inf included), target first."""
+    k = draw(st.integers(1, 12))
+    length = draw(st.integers(2, 12))
+    prompt = draw(st.lists(st.integers(0, 40), min_size=length, max_size=length))
+    flat = Flat()
+    flat.append(None)
+    level = st.sampled_from([-0.5, -1.0, -2.0, -math.inf]) | st.floats(-30, 0)
+    for target in prompt[1:]:
+        top = sorted(zip(draw(st.lists(st.integers(0, 40), min_size=k, max_size=k, unique=True)),
+                         draw(st.lists(level, min_size=k, max_size=k)), strict=True), key=lambda c: -c[1])
+        in_top = {t: (v, r) for r, (t, v) in enumerate(top, start=1)}
+        value, rank = in_top.get(target, (draw(level), k + draw(st.integers(1, 50))))
+        flat.append([(target, value, rank), *((t, v, r) for r, (t, v) in enumerate(top, start=1))])
+    return prompt, flat, k
+
+
+@settings(max_examples=300)
+@given(engine_rows())
+def test_flat_layout_gives_the_same_positions_as_the_per_position_path(case: tuple[list[int], Flat, int]) -> None:
+    prompt, flat, k = case
+    fast = positions_from_flat(prompt, flat, k)
+    assert fast is not None
+    slow = [position_from_logprobs(i, prompt[i], flat[i] or {}, k) for i in range(1, len(prompt))]
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.index, a.target, a.target_rank, a.ids) == (b.index, b.target, b.target_rank, b.ids)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-12)
+        assert (a.target_logprob is None) == (b.target_logprob is None)
+        assert a.target_logprob == pytest.approx(b.target_logprob, abs=1e-12)
+
+
+def test_flat_layout_with_another_shape_falls_back() -> None:
+    flat = Flat()
+    flat.append(None)
+    flat.append([(5, -0.1, 1), (5, -0.1, 1)])
+    assert positions_from_flat([1, 5], flat, k=2) is None
+    assert positions_from_prompt_logprobs([1, 5], flat, k=2)[0].ids == (5,)  # type: ignore[arg-type]
 
 
 def test_token_table_bytes_reassemble_the_text() -> None:
