@@ -43,6 +43,22 @@ def topk_entries(logprobs: dict[int, Any], k: int, forced: int) -> tuple[list[in
     return [t for t, _ in items], [lp.logprob for _, lp in items]
 
 
+def step_topk(logprobs: Any, step: int, k: int, chosen: int) -> tuple[Sequence[int], Sequence[float], float]:
+    """The engine's top-k at ``step`` and the chosen token's log-probability.
+
+    Reads vLLM's flat layout (per step: the chosen token, then the top-k; no ``Logprob`` objects,
+    which at k = 1024 cost more than the coding), or the per-step dicts of the default layout.
+    The order does not matter: ``build_distribution`` sorts canonically.
+    """
+    if hasattr(logprobs, "start_indices"):
+        start, end = logprobs.start_indices[step], logprobs.end_indices[step]
+        if end - start == k + 1 and logprobs.token_ids[start] == chosen:
+            return logprobs.token_ids[start + 1:end], logprobs.logprobs[start + 1:end], logprobs.logprobs[start]
+    entries = logprobs[step]
+    ids, values = topk_entries(entries, k, chosen)
+    return ids, values, entries[chosen].logprob
+
+
 class EngineCodec:
     """Runs codec requests on the codec engine."""
 
@@ -62,7 +78,7 @@ class EngineCodec:
 
         args = CodecArgs("force", top_k=top_k, precision_bits=precision_bits, tokens=list(tokens))
         params = SamplingParams(max_tokens=len(tokens), temperature=0.0, logprobs=top_k, ignore_eos=True,
-                                detokenize=False, output_kind=RequestOutputKind.DELTA,
+                                detokenize=False, output_kind=RequestOutputKind.DELTA, flat_logprobs=True,
                                 extra_args=args.to_extra_args())
         encoder = Encoder()
         out = bytearray()
@@ -71,12 +87,14 @@ class EngineCodec:
         start = list(prompt) if prompt is not None else self.prompt(context)
         async for output in self.engines.generate(start, params, request_id, EngineRole.CODEC):
             completion = output.outputs[0]
-            for token, logprobs in zip(completion.token_ids, completion.logprobs or [], strict=True):
+            if completion.logprobs is None or len(completion.logprobs) != len(completion.token_ids):
+                raise CodecEngineError("the engine returned no log-probabilities for a coded token")
+            for step, token in enumerate(completion.token_ids):
                 if token != tokens[position]:
                     raise CodecEngineError(f"engine emitted token {token} at {position}, expected {tokens[position]}")
-                ids, values = topk_entries(logprobs, top_k, token)
+                ids, values, chosen = step_topk(completion.logprobs, step, top_k, token)
                 out += encode_next_token(encoder, ids, values, token, self.vocab_size, precision_bits)
-                ideal -= logprobs[token].logprob / 0.6931471805599453
+                ideal -= chosen / 0.6931471805599453
                 position += 1
         if position != len(tokens):
             raise CodecEngineError(f"engine stopped after {position} of {len(tokens)} tokens")
