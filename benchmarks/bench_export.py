@@ -154,9 +154,11 @@ def engine_mode(args: argparse.Namespace) -> None:
     cases = {
         "plain prefill (max_tokens=1)": SamplingParams(max_tokens=1, detokenize=False),
         f"vLLM prompt_logprobs={k} (raw)": SamplingParams(max_tokens=1, prompt_logprobs=k, detokenize=False),
-        f"Cascade export k={k} (processed)": SamplingParams(max_tokens=1, prompt_logprobs=k, detokenize=False,
-                                                            temperature=0.8, top_p=0.95,
-                                                            extra_args={"cascade_export": True}),
+        f"vLLM prompt_logprobs={k} (raw, flat_logprobs)": SamplingParams(max_tokens=1, prompt_logprobs=k,
+                                                                        detokenize=False, flat_logprobs=True),
+        f"Cascade export k={k} (processed, flat, as served)": SamplingParams(
+            max_tokens=1, prompt_logprobs=k, detokenize=False, temperature=0.8, top_p=0.95, flat_logprobs=True,
+            extra_args={"cascade_export": True}),
     }
     llm.generate(windows[:2], cases["plain prefill (max_tokens=1)"], use_tqdm=False)
     positions = sum(len(w["prompt_token_ids"]) - 1 for w in windows)
