@@ -13,7 +13,10 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO_ROOT / "models" / "pycoder-23m"
+EMBEDDED_MODEL = Path("models") / "pycoder-23m"
+# A checkout (editable install) finds the embedded model beside the sources; an installed package
+# looks in the working directory (the images' WORKDIR holds models/).
+DEFAULT_MODEL = REPO_ROOT / EMBEDDED_MODEL if (REPO_ROOT / EMBEDDED_MODEL).is_dir() else Path.cwd() / EMBEDDED_MODEL
 
 
 class Settings(BaseSettings):
