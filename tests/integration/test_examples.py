@@ -25,7 +25,7 @@ def _run(service: Service, script: str, *args: str, cwd: Path = REPO) -> tuple[s
 
 def test_every_example_is_covered() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
-    tested = {"predicted_edit.py", "streaming_chat.py", "compress_file.py"}
+    tested = {"predicted_edit.py", "streaming_chat.py", "compress_file.py", "token_surprisal.py"}
     assert scripts == tested, f"examples without a test here (or tests without an example): {scripts ^ tested}"
 
 
@@ -52,3 +52,11 @@ def test_compress_file_round_trips_sync_and_async(service: Service, tmp_path: Pa
         assert fields["identical"] == "True"
         container = (tmp_path / "sample.py.cz").read_bytes()
         assert container.startswith(b"CSCZ") and len(container) < source.stat().st_size
+
+
+def test_token_surprisal_reads_every_position_of_the_export(service: Service, tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text("import os\n\n\ndef main():\n    print(os.getcwd())\n")
+    listing, fields = _run(service, "token_surprisal.py", str(source), "--top-k", "5", "--show", "3")
+    assert len(listing.splitlines()) == 3 and "model expected" in listing
+    assert 0 < int(fields["in_top_k"]) <= int(fields["positions"]) and float(fields["bits_per_token"]) > 0
