@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from cascade.codec.distribution import build_distribution
 from cascade.codec.engine_codec import step_topk
 from hypothesis import given
 from hypothesis import strategies as st
 
-
-@dataclass
-class Lp:
-    logprob: float
-    rank: int | None = None
-
-
-@dataclass
-class Flat:
-    start_indices: list[int] = field(default_factory=list)
-    end_indices: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+from tests.unit.logprob_layouts import Flat, Lp
 
 
 @given(st.data(), st.integers(1, 16), st.integers(1, 6))
@@ -33,11 +19,7 @@ def test_flat_and_dict_layouts_give_the_same_distribution(data: st.DataObject, k
                      key=lambda c: -c[1])
         token = data.draw(st.sampled_from(top_ids) | st.integers(0, 63))
         token_lp = dict(top).get(token, data.draw(st.floats(-40, -20)))
-        flat.start_indices.append(len(flat.token_ids))
-        for t, v in [(token, token_lp), *top]:
-            flat.token_ids.append(t)
-            flat.logprobs.append(v)
-        flat.end_indices.append(len(flat.token_ids))
+        flat.append([(token, token_lp, None), *((t, v, None) for t, v in top)])
         dicts.append({token: Lp(token_lp), **{t: Lp(v) for t, v in top}})
         chosen.append(token)
     for step, token in enumerate(chosen):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +27,9 @@ from cascade_client.topk_format import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.logprob_layouts import Flat, Lp
+
 MODEL = Path(__file__).resolve().parents[3] / "models" / "pycoder-23m"
-
-
-@dataclass
-class Lp:
-    logprob: float
-    rank: int | None = None
 
 
 candidates = st.lists(st.tuples(st.integers(0, 5000), st.floats(-60, 0)), min_size=1, max_size=60,
@@ -79,32 +74,6 @@ def test_positions_skip_the_first_token_and_need_every_other() -> None:
     assert [p.index for p in positions] == [1, 2] and [p.target for p in positions] == [6, 7]
     with pytest.raises(ValueError, match="position 2"):
         positions_from_prompt_logprobs(prompt, scored[:2], 4)
-
-
-@dataclass
-class Flat:
-    """vLLM's flat prompt-logprobs layout: per position the actual token, then the engine's top-k."""
-
-    start_indices: list[int] = field(default_factory=list)
-    end_indices: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    ranks: list[int | None] = field(default_factory=list)
-
-    def append(self, entries: list[tuple[int, float, int | None]] | None) -> None:
-        self.start_indices.append(len(self.token_ids))
-        for token, value, rank in entries or []:
-            self.token_ids.append(token)
-            self.logprobs.append(value)
-            self.ranks.append(rank)
-        self.end_indices.append(len(self.token_ids))
-
-    def __getitem__(self, index: int) -> dict[int, Lp] | None:
-        span = range(self.start_indices[index], self.end_indices[index])
-        return {self.token_ids[i]: Lp(self.logprobs[i], self.ranks[i]) for i in span} or None
-
-    def __len__(self) -> int:
-        return len(self.start_indices)
 
 
 @st.composite
