@@ -16,7 +16,14 @@ from pydantic import Field, ValidationError
 from cascade.api.deps import get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import StrictModel
-from cascade.api.streaming import SSE_HEADERS, BodyThenDisconnectResponse, sse_event, track_end, until_disconnect
+from cascade.api.streaming import (
+    SSE_HEADERS,
+    BodyThenDisconnectResponse,
+    error_payload,
+    sse_event,
+    track_end,
+    until_disconnect,
+)
 from cascade.codec.container import ContainerError
 from cascade.codec.pipeline import (
     CodecPipeline,
@@ -58,10 +65,10 @@ def get_codec(request: Request) -> CodecPipeline:
 
 
 def _error_event(exc: BaseException) -> bytes:
-    """A failure after the 200 header went out; ``status`` is what the same failure gets before it."""
-    error = _as_api_error(exc)
-    return sse_event("error", {"error": {"message": error.message, "type": "codec_error", "param": error.param,
-                                         "code": error.code, "status": error.status}})
+    """A failure after the 200 header went out: the streams' error payload, typed ``codec_error``."""
+    payload = error_payload(_as_api_error(exc))
+    payload["error"]["type"] = "codec_error"
+    return sse_event("error", payload)
 
 
 def _as_api_error(exc: BaseException) -> APIError:
