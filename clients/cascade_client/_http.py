@@ -9,9 +9,17 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from cascade_client.protocol import DEFAULT_SERVER, DUPLEX, CascadeConnectionError, RequestSpec, error_from_body
+from cascade_client.protocol import (
+    DEFAULT_SERVER,
+    DUPLEX,
+    CascadeConnectionError,
+    JsonCall,
+    RequestSpec,
+    error_from_body,
+)
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+R = TypeVar("R")
 
 
 class ClientBase(Generic[H]):
@@ -54,6 +62,28 @@ def json_reply(response: httpx.Response, spec: RequestSpec | None = None) -> Any
     if response.is_error:
         raise error_from_body(response.status_code, response.content)
     return response.content if spec is not None and spec.binary_reply else response.json()
+
+
+def drive(http: httpx.Client, call: JsonCall[R]) -> R:
+    """Run a protocol request/reply exchange: send each request it yields, hand it the reply."""
+    spec = next(call)
+    while True:
+        reply = json_reply(http.request(**request_args(spec)), spec)
+        try:
+            spec = call.send(reply)
+        except StopIteration as done:
+            return done.value
+
+
+async def adrive(http: httpx.AsyncClient, call: JsonCall[R]) -> R:
+    """``drive`` over an ``httpx.AsyncClient``."""
+    spec = next(call)
+    while True:
+        reply = json_reply(await http.request(**request_args(spec)), spec)
+        try:
+            spec = call.send(reply)
+        except StopIteration as done:
+            return done.value
 
 
 @contextlib.contextmanager

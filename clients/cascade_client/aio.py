@@ -19,7 +19,7 @@ from typing import Any, TypeVar, Union
 import httpx
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, client_options, json_reply, request_args, transport_errors
+from cascade_client._http import ClientBase, adrive, client_options, json_reply, request_args, transport_errors
 from cascade_client._io import Sink, Source, flush_sink, from_thread, iter_source, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
@@ -122,13 +122,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
     async def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
         with transport_errors(self.server):
-            spec = next(call)
-            while True:
-                reply = json_reply(await self._http.request(**request_args(spec)), spec)
-                try:
-                    spec = call.send(reply)
-                except StopIteration as done:
-                    return done.value
+            return await adrive(self._http, call)
 
     async def compress_to(self, sink: AsyncSink, source: AsyncSource, *, progress: Progress | None = None,
                           **options: Any) -> CompressStats:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, client_options, json_reply, request_args, transport_errors
+from cascade_client._http import ClientBase, client_options, drive, json_reply, request_args, transport_errors
 from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
 from cascade_client.duplex import SyncDuplexTransport
 from cascade_client.protocol import (
@@ -88,13 +88,7 @@ class CascadeClient(ClientBase[httpx.Client]):
     def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
         with transport_errors(self.server):
-            spec = next(call)
-            while True:
-                reply = json_reply(self._http.request(**request_args(spec)), spec)
-                try:
-                    spec = call.send(reply)
-                except StopIteration as done:
-                    return done.value
+            return drive(self._http, call)
 
     def compress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
                     **options: Any) -> CompressStats:

@@ -17,7 +17,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from cascade_client.topk_format import TopkDocument, TopkFormatError, read_all
+from cascade_client.topk_format import Header, TopkDocument, TopkFormatError, read_all
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CHUNK = 1 << 16
@@ -417,6 +417,30 @@ def kcbs_call(prompt: str, beam_width: int, steps: int, *, model: str | None = N
     return KcbsResult.from_json(reply)
 
 
+def tokenize_call(text: str, *, model: str) -> JsonCall[tuple[list[int], int]]:
+    """``/v1/tokenize``: the server's token ids for ``text`` and the model's length."""
+    reply = yield RequestSpec("POST", "/v1/tokenize", json={"model": model, "prompt": text})
+    return list(reply["tokens"]), int(reply["max_model_len"])
+
+
+def export_call(prompt: str | Sequence[int], top_k: int = 100, *, model: str | None = None,
+                **sampling: Any) -> JsonCall[tuple[Header, TopkDocument]]:
+    """``/v1/completions`` with ``compression``, binary reply: its header and its one document."""
+    if model is None:
+        model = yield from default_model()
+    body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "compression": True,
+            "compression_top_k": top_k, **{k: v for k, v in sampling.items() if v is not None}}
+    reply = yield RequestSpec("POST", "/v1/completions", headers={"accept": "application/octet-stream"},
+                              json=body, binary_reply=True)
+    try:
+        header, documents = read_all(io.BytesIO(reply))
+    except TopkFormatError as exc:
+        raise CascadeError(0, f"the server's export is malformed: {exc}") from None
+    if len(documents) != 1:
+        raise CascadeError(0, f"expected one document in the export, got {len(documents)}")
+    return header, documents[0]
+
+
 def export_topk_call(prompt: str | Sequence[int], top_k: int = 100, *, model: str | None = None,
                      **sampling: Any) -> JsonCall[TopkDocument]:
     """``/v1/completions`` with ``compression``: every position's processed top-k, as arrays.
@@ -425,16 +449,5 @@ def export_topk_call(prompt: str | Sequence[int], top_k: int = 100, *, model: st
     ``top_k``, ``min_p``, ``logit_bias``, ``allowed_token_ids``, ``bad_words``). The reply is the
     binary layout of ``topk_format``: one document, its first record at token index 1.
     """
-    if model is None:
-        model = yield from default_model()
-    body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "compression": True,
-            "compression_top_k": top_k, **{k: v for k, v in sampling.items() if v is not None}}
-    reply = yield RequestSpec("POST", "/v1/completions", headers={"accept": "application/octet-stream"},
-                              json=body, binary_reply=True)
-    try:
-        _, documents = read_all(io.BytesIO(reply))
-    except TopkFormatError as exc:
-        raise CascadeError(0, f"the server's export is malformed: {exc}") from None
-    if len(documents) != 1:
-        raise CascadeError(0, f"expected one document in the export, got {len(documents)}")
-    return documents[0]
+    _, document = yield from export_call(prompt, top_k, model=model, **sampling)
+    return document

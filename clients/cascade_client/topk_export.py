@@ -10,7 +10,6 @@ stays flat however large the corpus is. Layout: ``cascade_client.topk_format``.
 from __future__ import annotations
 
 import asyncio
-import io
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,9 +18,10 @@ from typing import Any
 
 import httpx
 
+from cascade_client._http import adrive
 from cascade_client._io import Sink, write_sink
-from cascade_client.protocol import CascadeError, Progress, error_from_body
-from cascade_client.topk_format import Header, encode_arrays, encode_header, iter_documents, read_header
+from cascade_client.protocol import CascadeError, Progress, default_model, export_call, tokenize_call
+from cascade_client.topk_format import Header, encode_arrays, encode_header
 
 PIECE_BYTES = 1 << 16
 
@@ -124,29 +124,16 @@ class TopkExporter:
         self.window, self.overlap, self.concurrency = window, overlap, concurrency
         self.sampling = sampling or {}
 
-    async def _json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self.http.post(path, json=body)
-        if response.status_code != 200:
-            raise error_from_body(response.status_code, response.content)
-        return dict(response.json())
-
     async def _tokens(self, piece: bytes, path: Path) -> tuple[list[int], int]:
         try:
             text = piece.decode("utf-8")
         except UnicodeDecodeError:
             raise CascadeError(0, f"{path} is not UTF-8 text") from None
-        reply = await self._json("/v1/tokenize", {"model": self.model, "prompt": text})
-        return list(reply["tokens"]), int(reply["max_model_len"])
+        return await adrive(self.http, tokenize_call(text, model=self.model))
 
     async def _export(self, item: Window) -> tuple[Header, bytes]:
-        body = {"model": self.model, "prompt": item.tokens, "compression": True, "compression_top_k": self.top_k,
-                **self.sampling}
-        response = await self.http.post("/v1/completions", json=body, headers={"Accept": "application/octet-stream"})
-        if response.status_code != 200:
-            raise error_from_body(response.status_code, response.content)
-        stream = io.BytesIO(response.content)
-        header = read_header(stream)
-        document = next(iter_documents(stream, header))
+        header, document = await adrive(self.http, export_call(item.tokens, self.top_k, model=self.model,
+                                                               **self.sampling))
         skip = item.export_from - (item.first + 1)
         return header, encode_arrays(item.name, item.export_from, self.top_k, document.targets[skip:],
                                      document.ids[skip:], document.logprobs[skip:])
@@ -178,10 +165,7 @@ class TopkExporter:
         """
         stats = ExportStats()
         if not self.model:
-            response = await self.http.get("/v1/models")
-            if response.status_code != 200:
-                raise error_from_body(response.status_code, response.content)
-            self.model = str(response.json()["data"][0]["id"])
+            self.model = await adrive(self.http, default_model())
         pending: deque[asyncio.Task[tuple[Header, bytes]]] = deque()
         wrote_header = False
 
