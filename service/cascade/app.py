@@ -30,7 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
     engines = EngineManager(settings)
-    codec = CodecPipeline(engines, settings.dtype, settings.max_model_len, settings.codec_max_num_seqs,
+    codec = CodecPipeline(engines, settings.max_model_len, settings.codec_segments_in_flight,
                           Limits(max_segments=settings.codec_max_segments,
                                  max_total_original=settings.codec_max_output_bytes,
                                  max_context=settings.codec_max_context_bytes))
@@ -58,13 +58,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return
         app.state.watchdog = asyncio.create_task(watchdog())
         if settings.enable_codec:
-            if settings.codec_selftest:
-                await codec.self_test(inject_fault=settings.codec_selftest_fault)
-            else:
-                codec.unavailable_reason = None
-            if codec.unavailable_reason:
-                logger.error("codec self-test failed", extra={"reason": codec.unavailable_reason})
+            await start_codec()
         app.state.started.set()
+
+    async def start_codec() -> None:
+        """Load the exact model next to the engines (no vLLM engine of its own), then self-test it."""
+        from cascade.codec.exact.model import NUMERICS_VERSION, ExactLlama
+        from cascade.codec.exact.runner import ExactRunner
+
+        try:
+            model = await asyncio.to_thread(ExactLlama.from_pretrained, settings.model, settings.max_model_len)
+        except (OSError, ValueError, KeyError) as exc:
+            codec.unavailable_reason = f"codec disabled: the exact codec cannot run this model ({exc})"
+            logger.error("codec unavailable", extra={"reason": codec.unavailable_reason})
+            return
+        codec.attach(ExactRunner(model, model.config.vocab_size, settings.codec_max_rows,
+                                 settings.codec_prefill_tokens, settings.codec_threads or None), NUMERICS_VERSION)
+        if settings.codec_selftest:
+            await codec.self_test(inject_fault=settings.codec_selftest_fault)
+        else:
+            codec.unavailable_reason = None
+        if codec.unavailable_reason:
+            logger.error("codec self-test failed", extra={"reason": codec.unavailable_reason})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +94,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             watch = getattr(app.state, "watchdog", None)
             if watch is not None:
                 watch.cancel()
+            if codec.runner is not None:
+                await asyncio.to_thread(codec.runner.close)
             await asyncio.to_thread(engines.shutdown)
             logger.info("engines stopped")
 

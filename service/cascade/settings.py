@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     model: str = Field(str(DEFAULT_MODEL), description="Model path or Hugging Face id served by the engine.")
     served_model_name: str | None = Field(None, description="Name clients send as `model`; default: basename.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights/activation dtype (float32 keeps the CPU codec exact)."
+        "float32", description="Weights/activation dtype of the vLLM engines (the codec's exact path is integer)."
     )
     max_model_len: int = Field(1024, ge=16, description="Context length (prompt + completion tokens).")
     memory_fraction: float = Field(
@@ -54,25 +54,27 @@ class Settings(BaseSettings):
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
     # codec
-    enable_codec: bool = Field(True, description="Run the codec engine (/compress, /decompress).")
-    codec_memory_fraction: float = Field(0.06, gt=0.0, le=0.98, description="Memory fraction of the codec engine.")
-    codec_kv_cache_mib: int | None = Field(
-        None, ge=16, description="KV cache of the codec engine, in MiB. Default: codec_memory_fraction on a "
-        "GPU, 128 MiB on the CPU."
+    enable_codec: bool = Field(True, description="Serve the exact codec (/compress, /decompress).")
+    codec_max_rows: int = Field(
+        32, ge=1, le=1024, description="Lanes the exact codec decodes together (KV-cache rows; a segment's lanes "
+        "always decode together even if they are more). Memory: rows × positions × 48 KiB for the default model."
     )
-    codec_max_num_seqs: int = Field(
-        1, ge=1, description="Codec engine batch size. 1 keeps every step's shapes fixed (exact on CPU); "
-        "raise it only where the self-test proves batch invariance (GPU with VLLM_BATCH_INVARIANT=1)."
-    )
+    codec_prefill_tokens: int = Field(8192, ge=64, description="Tokens per batched compression forward pass.")
+    codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
+    codec_segments_in_flight: int = Field(8, ge=1, description="Segments of one request coded concurrently.")
     codec_top_k: int = Field(1024, ge=1, le=1024, description="Default top-k of the codec distribution.")
     codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")
-    codec_segment_tokens: int = Field(768, ge=16, description="Default largest segment, in tokens.")
+    codec_lane_tokens: int = Field(
+        1000, ge=16, description="Default lane length in tokens: each lane is one context window (capped by "
+        "max_model_len minus the context)."
+    )
+    codec_lanes: int = Field(16, ge=1, le=64, description="Default lanes per segment (decoded in parallel).")
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
     codec_max_output_bytes: int = Field(1 << 30, ge=1, description="Largest total output a container may declare.")
     codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")
     codec_max_context_bytes: int = Field(65536, ge=0, description="Largest /compress context (and container "
                                          "header context on /decompress).")
-    codec_selftest: bool = Field(True, description="Round-trip a sample through the engine at startup.")
+    codec_selftest: bool = Field(True, description="Round-trip a sample through the exact codec at startup.")
     codec_selftest_fault: bool = Field(False, description="Testing only: corrupt the self-test on purpose.")
     # k-CBS
     max_kcbs_steps: int = Field(256, ge=1, description="Largest k-CBS suffix length T.")

@@ -25,7 +25,7 @@ from tests.integration.conftest import MODEL, Service, start_service, stop_servi
 PREDICTION = "".join(f"def handler_{i}(event):\n    return {{'id': {i}, 'ok': True}}\n\n" for i in range(40))
 CODE = "".join(f"def function_{i}(alpha, beta):\n    total = alpha * {i} + beta\n    return total - {i}\n\n"
                for i in range(30))
-LIVE_KINDS = ("runner_requests", "batch_rows", "codec_rows", "prediction_states", "prediction_debug_logs",
+LIVE_KINDS = ("runner_requests", "batch_rows", "prediction_states", "prediction_debug_logs",
               "unfinished_requests")
 
 
@@ -41,7 +41,7 @@ def live_state(service: Service) -> dict[str, Any]:
 def live_total(state: dict[str, Any]) -> int:
     counts = [v for engine in state["engines"].values() for k, v in engine.items() if k in LIVE_KINDS]
     assert all(c >= 0 for c in counts), f"a counter could not be read: {state}"
-    return sum(counts) + int(state["gateway"]["kcbs_searches"])
+    return sum(counts) + int(state["gateway"]["kcbs_searches"]) + int(state["gateway"]["codec_jobs"])
 
 
 def wait_live_zero(service: Service, timeout: float = 60) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def _read_some(lines: Iterator[str], count: int) -> list[str]:
 
 def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Service) -> None:
     """Clients that drop chat-with-prediction, /compress, /decompress and k-CBS streams mid-way leave
-    no request in any engine, no codec logits-processor row, no proposer state and no k-CBS search."""
+    no request in any engine, no exact-codec job, no proposer state and no k-CBS search."""
     assert live_total(wait_live_zero(service)) == 0, "the service must start idle for this test"
     with service.client() as client:
         made = client.post("/compress", json={"text": CODE, "segment_tokens": 32})
@@ -120,7 +120,7 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
                 lines = r.iter_lines()
                 assert _read_some(lines, 2)[0] == "event: chunk"
                 if i == 0:
-                    seen_inside["codec_rows"] = _poll_max(lambda: live_state(service)["engines"]["codec"]["codec_rows"])
+                    seen_inside["codec_jobs"] = _poll_max(lambda: live_state(service)["gateway"]["codec_jobs"])
             with client.stream("POST", "/decompress", content=container,
                                headers={**sse, "content-type": "application/octet-stream"}) as r:
                 assert r.status_code == 200
@@ -138,12 +138,14 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
         with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=service.base_url, headers=service.headers,
                                                             timeout=httpx.Timeout(30, read=1.5)) as client:
             client.post(path, json=body)
-    assert seen_inside == {"prediction_states": 1, "codec_rows": 1, "kcbs_searches": 1}, seen_inside
+    assert seen_inside.keys() == {"prediction_states", "codec_jobs", "kcbs_searches"}, seen_inside
+    assert seen_inside["prediction_states"] == seen_inside["kcbs_searches"] == 1, seen_inside
+    assert seen_inside["codec_jobs"] >= 1, seen_inside
     assert wait_until_idle(service) == 0
     state = wait_live_zero(service)
     assert live_total(state) == 0, f"live state left after {rounds} rounds of aborted streams: {state}"
     metrics = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=30).text
-    assert 'cascade_engine_live_state{engine="codec",kind="codec_rows"} 0.0' in metrics
+    assert "cascade_codec_live_jobs 0.0" in metrics
     assert "cascade_kcbs_live_searches 0.0" in metrics
 
 

@@ -46,7 +46,9 @@ class CompressParams(StrictModel):
     context: str | None = None
     precision_bits: Literal[16, 24, 32] | None = None
     top_k: Annotated[int, Field(ge=1, le=1024)] | None = None
-    segment_tokens: Annotated[int, Field(ge=16)] | None = None
+    lane_tokens: Annotated[int, Field(ge=16)] | None = None
+    lanes: Annotated[int, Field(ge=1, le=64)] | None = None
+    segment_tokens: Annotated[int, Field(ge=16)] | None = Field(None, description="Deprecated name of lane_tokens.")
     verify: bool = False
 
 
@@ -131,14 +133,15 @@ async def _compress_params(request: Request, settings: Settings) -> tuple[Compre
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
-            raise APIError(400, f"Invalid value for '{param}': {first['msg']}", param=param) from None
+            where = f"value for '{param}'" if param else "request body"
+            raise APIError(400, f"Invalid {where}: {first['msg']}", param=param) from None
         return body, _one(body.text.encode("utf-8"))
     if content_type in ("text/plain", OCTET, ""):
         query: dict[str, Any] = dict(request.query_params)
         if "verify" in query:
             query["verify"] = query["verify"].lower() in ("1", "true", "yes")
-        for key in ("precision_bits", "top_k", "segment_tokens"):
-            if key in query and query[key].lstrip("-").isdigit():
+        for key in ("precision_bits", "top_k", "lane_tokens", "lanes", "segment_tokens"):
+            if key in query and query[key].lstrip("-").isdigit() and len(query[key]) <= 18:
                 query[key] = int(query[key])
         try:
             params = CompressParams.model_validate(query)
@@ -164,13 +167,14 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
     options = CompressOptions(
         top_k=params.top_k or settings.codec_top_k,
         precision_bits=params.precision_bits or settings.codec_precision_bits,
-        segment_tokens=params.segment_tokens or settings.codec_segment_tokens,
+        lane_tokens=params.lane_tokens or params.segment_tokens or settings.codec_lane_tokens,
+        lanes=params.lanes or settings.codec_lanes,
         context=(params.context or "").encode("utf-8"), verify=params.verify)
     if len(options.context) > settings.codec_max_context_bytes:
         raise APIError(400, f"context may be at most {settings.codec_max_context_bytes} bytes", param="context")
     if options.top_k >= codec.vocab_size:
         raise APIError(400, f"top_k must be below the vocabulary size {codec.vocab_size}", param="top_k")
-    if codec.max_segment_tokens(len(codec.context_tokens(options.context))) < 16:
+    if codec.max_lane_tokens(len(codec.context_tokens(options.context))) < 16:
         raise APIError(400, "context leaves no room for text in the model's context window", param="context")
     stats = CompressStats()
     rid = request_id(request)

@@ -27,9 +27,8 @@ from cascade.api.predictions import PredictionUsage, prediction_args
 from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
 from cascade.api.topk_export import export_completion
-from cascade.codec.engine_codec import EngineCodec
-from cascade.codec.params import CodecArgs
-from cascade.codec.sampling_codec import DecodeRecorder, SamplingEncoder
+from cascade.codec.pipeline import CodecPipeline, CodecUnavailableError
+from cascade.codec.sampling_codec import SamplingEncoder
 from cascade.engine.config import EngineRole
 from cascade.engine.manager import EngineManager
 from cascade.metrics import Metrics
@@ -65,7 +64,7 @@ class Plan:
     top_logprobs: int | None
     role: EngineRole = EngineRole.MAIN
     predictions: PredictionUsage = field(default_factory=PredictionUsage)
-    codec: SamplingEncoder | DecodeRecorder | None = None
+    codec: SamplingEncoder | None = None
 
     def observe(self, completion: Any) -> list[str]:
         """Collect per-sequence statistics; returns codec chunks that became final (encode mode)."""
@@ -167,6 +166,7 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     body["choices"] = rendered
     body["usage"] = _usage(prompt_tokens, completion_tokens, plan)
     if plan.codec is not None:
+        await until_disconnect(request, plan.codec.finish)
         body["codec"] = plan.codec.summary()
     return JSONResponse(body)
 
@@ -206,9 +206,10 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                             "finish_reason": completion.finish_reason}
                 chunk["choices"] = [body]
                 if plan.codec is not None:
-                    chunk["codec_chunks"] = codec_chunks
                     if completion.finish_reason is not None:
+                        codec_chunks += await plan.codec.finish()
                         chunk["codec"] = plan.codec.summary()
+                    chunk["codec_chunks"] = codec_chunks
                 if plan.include_usage:
                     chunk["usage"] = None
                 yield sse_data(chunk)
@@ -322,6 +323,15 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     return await _respond(request, plan, settings, engines, metrics)
 
 
+def _codec_for(request: Request) -> CodecPipeline:
+    codec: CodecPipeline = request.app.state.codec
+    try:
+        codec.check_available()
+    except CodecUnavailableError as exc:
+        raise APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"}) from None
+    return codec
+
+
 async def _codec_completion(request: Request, body: CompletionRequest, prompts: list[list[int]],
                             settings: Settings, engines: EngineManager,
                             metrics: Metrics) -> JSONResponse | StreamingResponse:
@@ -332,7 +342,8 @@ async def _codec_completion(request: Request, body: CompletionRequest, prompts: 
         raise APIError(400, "the codec is disabled on this server", param="codec")
     if body.prediction is not None or body.n != 1 or len(prompts) != 1 or body.logprobs is not None:
         raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec")
-    vocab = len(engines.tokenizer)
+    codec = _codec_for(request)
+    vocab = codec.vocab_size
     if codec_field.top_k >= vocab:
         raise APIError(400, f"codec.top_k must be below the vocabulary size {vocab}", param="codec.top_k")
     stream, include_usage = _stream_flags(body)
@@ -340,13 +351,12 @@ async def _codec_completion(request: Request, body: CompletionRequest, prompts: 
         if codec_field.data is not None:
             raise APIError(400, "codec.data is only for mode 'decode'", param="codec.data")
         if codec_field.token_ids is not None:
-            return await _forced_encode(request, codec_field, prompts[0], stream, settings, engines)
+            return await _forced_encode(request, codec_field, prompts[0], stream, settings, codec)
         max_tokens = resolve_max_tokens(body.max_tokens, len(prompts[0]), settings, "max_tokens")
-        params = sampling_params(body, max_tokens=max_tokens, logprobs=codec_field.top_k, settings=settings,
-                                 vocab_size=vocab, stream=stream)
-        encoder = SamplingEncoder(codec_field.top_k, codec_field.precision_bits, vocab)
-        plan = Plan("completion", prompts, params, 1, stream, include_usage, None, role=EngineRole.CODEC,
-                    codec=encoder)
+        params = sampling_params(body, max_tokens=max_tokens, logprobs=None, settings=settings,
+                                 vocab_size=len(engines.tokenizer), stream=stream)
+        encoder = SamplingEncoder(codec, prompts[0], codec_field.top_k, codec_field.precision_bits)
+        plan = Plan("completion", prompts, params, 1, stream, include_usage, None, codec=encoder)
         return await _respond(request, plan, settings, engines, metrics)
     if codec_field.data is None:
         raise APIError(400, "codec mode 'decode' needs codec.data (base64)", param="codec.data")
@@ -358,41 +368,63 @@ async def _codec_completion(request: Request, body: CompletionRequest, prompts: 
     if tokens is None:
         raise APIError(400, "codec mode 'decode' needs codec.tokens", param="codec.tokens")
     resolve_max_tokens(tokens, len(prompts[0]), settings, "codec.tokens")
-    args = CodecArgs("decode", top_k=codec_field.top_k, precision_bits=codec_field.precision_bits,
-                     payload_b64=base64.b64encode(payload).decode())
-    params = sampling_params(body.model_copy(update={"temperature": 0.0, "seed": None, "stop": None,
-                                                             "logit_bias": None, "min_tokens": 0}),
-                             max_tokens=tokens, logprobs=None, settings=settings, vocab_size=vocab, stream=stream,
-                             extra_args=args.to_extra_args())
-    params.ignore_eos = True
-    plan = Plan("completion", prompts, params, 1, stream, include_usage, None, role=EngineRole.CODEC,
-                codec=DecodeRecorder())
-    return await _respond(request, plan, settings, engines, metrics)
+    ids = await until_disconnect(request, lambda: codec.decode_tokens_from(
+        prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits))
+    summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids}
+    return _replayed(request, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
+
+
+def _replayed(request: Request, ids: list[int], prompt_tokens: int, summary: dict[str, Any], stream: bool,
+              include_usage: bool, settings: Settings, codec: CodecPipeline) -> JSONResponse | StreamingResponse:
+    """A completion whose tokens the codec produced (no engine sampled them)."""
+    rid = request_id(request)
+    text = codec.decode_tokens(ids)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "total_tokens": prompt_tokens + len(ids)}
+    if not stream:
+        body = _envelope("completion", rid, settings.model_name, chunk=False)
+        body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]
+        body["usage"] = usage
+        body["codec"] = summary
+        return JSONResponse(body)
+
+    async def events() -> AsyncIterator[bytes]:
+        chunk = _envelope("completion", rid, settings.model_name, chunk=True)
+        chunk["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]
+        chunk["codec"] = summary
+        if include_usage:
+            chunk["usage"] = None
+        yield sse_data(chunk)
+        if include_usage:
+            final = _envelope("completion", rid, settings.model_name, chunk=True)
+            final["choices"] = []
+            final["usage"] = usage
+            yield sse_data(final)
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _forced_encode(request: Request, codec_field: CodecField, prompt: list[int], stream: bool,
-                         settings: Settings, engines: EngineManager) -> JSONResponse:
+                         settings: Settings, codec: CodecPipeline) -> JSONResponse:
     """``codec: {"mode": "encode", "token_ids": [...]}``: code given tokens after the prompt (teacher
     forcing) instead of sampling — the inverse of decode mode, token for token."""
     if stream:
         raise APIError(400, "codec encode with token_ids is not streamed", param="stream")
     ids = codec_field.token_ids or []
-    vocab = len(engines.tokenizer)
+    vocab = codec.vocab_size
     if any(not 0 <= t < vocab for t in ids):
         raise APIError(400, f"codec.token_ids must be in 0..{vocab - 1}", param="codec.token_ids")
     resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
-    eos = engines.tokenizer.eos_token_id
-    codec = EngineCodec(engines, vocab, 0 if eos is None else int(eos))
     rid = request_id(request)
-    segment = await until_disconnect(request, lambda: codec.encode(
-        ids, [], codec_field.top_k, codec_field.precision_bits, rid, prompt=prompt))
-    text = str(engines.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
+        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits))
     body = _envelope("completion", rid, settings.model_name, chunk=False)
-    body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}]
+    body["choices"] = [{"index": 0, "text": codec.decode_tokens(ids), "logprobs": None, "finish_reason": "length"}]
     body["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                      "total_tokens": len(prompt) + len(ids)}
-    body["codec"] = {"mode": "encode", "tokens": segment.tokens, "top_k": codec_field.top_k,
-                     "precision_bits": codec_field.precision_bits, "data": base64.b64encode(segment.payload).decode()}
+    body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,
+                     "precision_bits": codec_field.precision_bits, "numerics": codec.numerics,
+                     "data": base64.b64encode(payload).decode()}
     return JSONResponse(body)
 
 

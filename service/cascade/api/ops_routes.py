@@ -40,11 +40,13 @@ async def ready(request: Request, engines: EngineManager = Depends(get_engines))
 
 
 @router.get("/metrics")
-async def metrics(engines: EngineManager = Depends(get_engines), m: Metrics = Depends(get_metrics)) -> Response:
+async def metrics(request: Request, engines: EngineManager = Depends(get_engines),
+                  m: Metrics = Depends(get_metrics)) -> Response:
     m.engine_ready.set(1 if engines.ready else 0)
     for role, count in engines.unfinished_requests().items():
         m.engine_unfinished.labels(role).set(count)
     m.kcbs_live_searches.set(live_searches())
+    m.codec_live_jobs.set(codec_jobs(request))
     if engines.ready:
         try:
             state = await engines.live_state(timeout=2.0)
@@ -57,10 +59,16 @@ async def metrics(engines: EngineManager = Depends(get_engines), m: Metrics = De
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def codec_jobs(request: Request) -> int:
+    runner = request.app.state.codec.runner
+    return 0 if runner is None else int(runner.live_jobs())
+
+
 @router.get("/ops/live-state")
-async def live_state(engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
+async def live_state(request: Request, engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
     """Live per-request state: inside each engine (its unfinished requests, vLLM's runner requests
-    and batch rows, the codec's logits-processor rows, the proposer's prediction states) and in the
-    gateway (k-CBS searches). All zero on an idle service; needs the API key like every route but
-    ``/health``."""
-    return {"engines": await engines.live_state(), "gateway": {"kcbs_searches": live_searches()}}
+    and batch rows, the proposer's prediction states) and in the gateway (k-CBS searches, the exact
+    codec's queued and running jobs). All zero on an idle service; needs the API key like every
+    route but ``/health``."""
+    return {"engines": await engines.live_state(),
+            "gateway": {"kcbs_searches": live_searches(), "codec_jobs": codec_jobs(request)}}

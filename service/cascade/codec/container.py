@@ -1,18 +1,19 @@
-"""The ``.cz`` container: a header, one record per segment, a trailer — written and read as streams.
+"""The ``.cz`` container, format version 3: a header, one record per segment, a trailer — as streams.
 
-Layout (little endian; the full table is in docs/codec-format.md)::
+Layout (integers are unsigned LEB128 varints unless marked; the full table is in docs/codec-format.md)::
 
-    header  = "CSCZ" u8:version fingerprint[32] u8:precision u16:top_k u32:vocab
-              u8:len dtype  u16:len params-json  u32:len context  u32:crc32(header so far)
-    segment = "S" u8:kind u32:tokens u32:orig_len u32:crc32(original) u32:payload_len payload
-              u32:crc32(record so far)
-    trailer = "E" u32:segments u64:total_orig_len u32:crc32(every byte before this field)
+    header  = "CSCZ" u8:3 fingerprint[32] numerics(len, ascii) u8:precision top_k vocab lane_tokens
+              params(len, json) context(len, bytes) u32:crc32(header so far)
+    coded   = u8:0 tokens orig_len payload_len payload u32:crc32(original) u32:crc32(record so far)
+    raw     = u8:1 orig_len original u32:crc32(record so far)
+    trailer = "E" segments total_orig_len u32:crc32(every byte before this field)
 
 Each record carries its own CRC, so a streaming reader rejects damage as soon as the damaged record
-is complete; the trailer's count and whole-stream CRC catch a stream cut at a record boundary.
-A reader checks every declared size against explicit ``Limits`` before waiting for (or buffering)
-the bytes, so a hostile container fails fast with ``ContainerError`` — never another exception,
-a hang, or an allocation sized by the input's claims.
+is complete, and a coded segment's ``crc32(original)`` checks the decoded bytes before any is
+returned; the trailer's count and whole-stream CRC catch a stream cut at a record boundary.
+Varints keep the framing at a few bytes per segment. A reader checks every declared size against
+explicit ``Limits`` before waiting for (or buffering) the bytes, so a hostile container fails fast
+with ``ContainerError`` — never another exception, a hang, or an allocation sized by the input's claims.
 """
 
 from __future__ import annotations
@@ -24,21 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"CSCZ"
-VERSION = 2
+VERSION = 3
 KIND_CODED = 0
 KIND_RAW = 1
 PRECISIONS = (16, 24, 32)
 FINGERPRINT_BYTES = 32
 
-_HEAD = struct.Struct("<4sB32sBHI")
-_DTYPE_LEN = struct.Struct("<B")
-_PARAMS_LEN = struct.Struct("<H")
 _U32 = struct.Struct("<I")
-_SEGMENT = struct.Struct("<cBIIII")
-_TRAILER = struct.Struct("<cIQ")
-_SEGMENT_TAG = b"S"
-_TRAILER_TAG = b"E"
+_TRAILER_TAG = 0x45
+_MAX_VARINT_BYTES = 9
 _TOO_LARGE = "container_too_large"
+_FIXED_HEAD = len(MAGIC) + 1 + FINGERPRINT_BYTES
 
 
 class ContainerError(ValueError):
@@ -63,17 +60,19 @@ class Limits:
     max_total_original: int = 1 << 34
     max_context: int = 1 << 20
     max_params: int = 1 << 16
+    max_tokens: int = 1 << 24
 
 
 @dataclass(frozen=True)
 class Header:
-    """What decoding needs besides the payloads: model identity and coding parameters."""
+    """What decoding needs besides the payloads: model identity, numerics and coding parameters."""
 
     fingerprint: bytes
     precision_bits: int
     top_k: int
     vocab_size: int
-    dtype: str
+    numerics: str
+    lane_tokens: int
     params: dict[str, Any] = field(default_factory=dict)
     context: bytes = b""
 
@@ -106,36 +105,64 @@ def canonical_params(params: dict[str, Any]) -> bytes:
     return json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
+def varint(value: int) -> bytes:
+    """Unsigned LEB128: 7 bits a byte, low bits first, high bit set on every byte but the last."""
+    if value < 0:
+        raise ValueError("varints are unsigned")
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
+    """``(value, position after it)``, or None when the buffer ends inside the varint."""
+    value = 0
+    for i in range(_MAX_VARINT_BYTES):
+        if pos + i >= len(buf):
+            return None
+        byte = buf[pos + i]
+        value |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            if i and byte == 0:
+                raise ContainerError("corrupted container: a varint has a redundant zero byte")
+            return value, pos + i + 1
+    raise ContainerError(f"corrupted container: a varint longer than {_MAX_VARINT_BYTES} bytes")
+
+
 def _crc_tail(body: bytes) -> bytes:
     return body + _U32.pack(zlib.crc32(body))
 
 
 def encode_header(header: Header) -> bytes:
     """The header record. Raises ``ValueError`` for a header no reader would accept."""
-    dtype = header.dtype.encode("ascii")
+    numerics = header.numerics.encode("ascii")
     params = canonical_params(header.params)
     if len(header.fingerprint) != FINGERPRINT_BYTES:
         raise ValueError(f"fingerprint must be {FINGERPRINT_BYTES} bytes")
     if header.precision_bits not in PRECISIONS:
         raise ValueError(f"precision_bits must be one of {PRECISIONS}")
-    if not (1 <= header.top_k <= 0xFFFF and 2 <= header.vocab_size <= 0xFFFFFFFF):
-        raise ValueError("top_k must lie in [1, 65535] and vocab_size in [2, 2**32)")
-    if len(dtype) > 0xFF or len(params) > 0xFFFF or len(header.context) > 0xFFFFFFFF:
-        raise ValueError("dtype, params or context too long for the header")
-    return _crc_tail(_HEAD.pack(MAGIC, VERSION, header.fingerprint, header.precision_bits, header.top_k,
-                                header.vocab_size)
-                     + _DTYPE_LEN.pack(len(dtype)) + dtype + _PARAMS_LEN.pack(len(params)) + params
-                     + _U32.pack(len(header.context)) + header.context)
+    if not (1 <= header.top_k < header.vocab_size and header.top_k + 1 <= 1 << header.precision_bits
+            and header.lane_tokens >= 1):
+        raise ValueError("need 1 <= top_k < vocab_size, top_k + 1 <= 2**precision_bits and lane_tokens >= 1")
+    return _crc_tail(MAGIC + bytes([VERSION]) + header.fingerprint + varint(len(numerics)) + numerics
+                     + bytes([header.precision_bits]) + varint(header.top_k) + varint(header.vocab_size)
+                     + varint(header.lane_tokens) + varint(len(params)) + params
+                     + varint(len(header.context)) + header.context)
 
 
 def encode_segment(kind: int, tokens: int, original: bytes, payload: bytes) -> bytes:
     """One segment record: ``payload`` is the coded stream (``KIND_CODED``) or ``original`` (``KIND_RAW``)."""
-    if kind not in (KIND_CODED, KIND_RAW) or (kind == KIND_RAW and (payload != original or tokens != 0)):
-        raise ValueError("a raw segment stores its original bytes as payload and has no tokens")
-    if not (0 <= tokens <= 0xFFFFFFFF and len(original) <= 0xFFFFFFFF and len(payload) <= 0xFFFFFFFF):
-        raise ValueError("segment too large for the format")
-    head = _SEGMENT.pack(_SEGMENT_TAG, kind, tokens, len(original), zlib.crc32(original), len(payload))
-    return _crc_tail(head + payload)
+    if kind == KIND_RAW:
+        if payload != original or tokens != 0:
+            raise ValueError("a raw segment stores its original bytes as payload and has no tokens")
+        return _crc_tail(bytes([KIND_RAW]) + varint(len(original)) + original)
+    if kind != KIND_CODED or tokens < 1:
+        raise ValueError("a coded segment has at least one token")
+    return _crc_tail(bytes([KIND_CODED]) + varint(tokens) + varint(len(original)) + varint(len(payload)) + payload
+                     + _U32.pack(zlib.crc32(original)))
 
 
 class ContainerWriter:
@@ -163,7 +190,7 @@ class ContainerWriter:
         return self._out(record)
 
     def trailer_bytes(self) -> bytes:
-        body = self._out(_TRAILER.pack(_TRAILER_TAG, self.segments, self.total_original))
+        body = self._out(bytes([_TRAILER_TAG]) + varint(self.segments) + varint(self.total_original))
         crc = _U32.pack(self._crc)
         self.bytes_written += len(crc)
         return body + crc
@@ -218,98 +245,122 @@ class ContainerReader:
             return self._read_header()
         if not self._buf:
             return None
-        tag = bytes(self._buf[:1])
-        if tag == _SEGMENT_TAG:
-            return self._read_segment()
+        tag = self._buf[0]
+        if tag in (KIND_CODED, KIND_RAW):
+            return self._read_segment(tag)
         if tag == _TRAILER_TAG:
             return self._read_trailer()
-        raise ContainerError(f"corrupted container: unknown record tag {tag!r} where segment {self.segments} "
+        raise ContainerError(f"corrupted container: unknown record tag {tag} where segment {self.segments} "
                              "or the trailer should start")
 
-    def _header_length(self) -> int | None:
-        """The whole header's length once its variable-length fields' sizes are known and checked."""
+    def _sized(self, pos: int, limit: int, what: str) -> tuple[int, int] | None:
+        """A length varint at ``pos`` checked against ``limit`` as soon as it is complete."""
+        item = read_varint(self._buf, pos)
+        if item is not None and item[0] > limit:
+            raise ContainerError(f"{what} of {item[0]} bytes exceeds the limit of {limit}", _TOO_LARGE)
+        return item
+
+    def _header_fields(self) -> tuple[list[int], int] | None:
+        """The header's varints and its total length, once every size in it is known and checked."""
         buf = self._buf
         if not MAGIC.startswith(bytes(buf[:4])):
             raise ContainerError("not a Cascade container (bad magic)", "bad_magic")
         if len(buf) > 4 and buf[4] != VERSION:
-            raise ContainerError(f"unsupported container version {buf[4]} (this reader reads version "
-                                 f"{VERSION})", "unsupported_version")
-        pos = _HEAD.size
-        if len(buf) < pos + _DTYPE_LEN.size:
+            hint = (" (version 2 containers were made by the float-kernel codec, which only the machine that "
+                    "made them could decode; re-compress the original with this server)") if buf[4] == 2 else ""
+            raise ContainerError(f"unsupported container version {buf[4]}: this server reads version {VERSION}"
+                                 f"{hint}", "unsupported_version")
+        item = self._sized(_FIXED_HEAD, 255, "header numerics name")
+        if item is None:
             return None
-        pos += _DTYPE_LEN.size + buf[pos]
-        if len(buf) < pos + _PARAMS_LEN.size:
-            return None
-        params_len: int = _PARAMS_LEN.unpack_from(buf, pos)[0]
-        if params_len > self.limits.max_params:
-            raise ContainerError(f"header params of {params_len} bytes exceed the limit", _TOO_LARGE)
-        pos += _PARAMS_LEN.size + params_len
-        if len(buf) < pos + _U32.size:
-            return None
-        context_len: int = _U32.unpack_from(buf, pos)[0]
-        if context_len > self.limits.max_context:
-            raise ContainerError(f"header context of {context_len} bytes exceeds the limit", _TOO_LARGE)
-        return pos + _U32.size + context_len + _U32.size
+        fields = [item[0]]
+        pos = item[1] + item[0] + 1
+        for _ in range(3):
+            item = read_varint(buf, pos)
+            if item is None:
+                return None
+            fields.append(item[0])
+            pos = item[1]
+        for limit, what in ((self.limits.max_params, "header params"), (self.limits.max_context, "header context")):
+            item = self._sized(pos, limit, what)
+            if item is None:
+                return None
+            fields.append(item[0])
+            pos = item[1] + item[0]
+        return fields, pos + _U32.size
 
     def _read_header(self) -> Header | None:
-        length = self._header_length()
-        if length is None or len(self._buf) < length:
+        parsed = self._header_fields()
+        if parsed is None or len(self._buf) < parsed[1]:
             return None
+        (numerics_len, top_k, vocab, lane_tokens, params_len, context_len), length = parsed
         (crc,) = _U32.unpack_from(self._buf, length - _U32.size)
         if zlib.crc32(memoryview(self._buf)[:length - _U32.size]) != crc:
             raise ContainerError("corrupted container: the header fails its checksum")
         raw = self._take(length)
-        _, _, fingerprint, precision, top_k, vocab = _HEAD.unpack_from(raw)
-        pos = _HEAD.size
-        dtype = raw[pos + 1:pos + 1 + raw[pos]]
-        pos += 1 + raw[pos]
-        (params_len,) = _PARAMS_LEN.unpack_from(raw, pos)
-        params = raw[pos + 2:pos + 2 + params_len]
-        context = raw[pos + 2 + params_len + 4:length - 4]
-        if precision not in PRECISIONS or top_k < 1 or vocab < 2:
+        fingerprint = raw[5:_FIXED_HEAD]
+        pos = len(varint(numerics_len)) + _FIXED_HEAD
+        numerics = raw[pos:pos + numerics_len]
+        precision = raw[pos + numerics_len]
+        params = raw[length - _U32.size - context_len - len(varint(context_len)) - params_len:][:params_len]
+        context = raw[length - _U32.size - context_len:length - _U32.size]
+        if precision not in PRECISIONS or not 1 <= top_k < vocab or top_k + 1 > 1 << precision or lane_tokens < 1:
             raise ContainerError(f"corrupted header: invalid coding parameters (precision {precision}, "
-                                 f"top_k {top_k}, vocabulary {vocab})")
-        self.header = Header(fingerprint, precision, top_k, vocab, _ascii(dtype), _params(params), context)
+                                 f"top_k {top_k}, vocabulary {vocab}, lane_tokens {lane_tokens})")
+        self.header = Header(fingerprint, precision, top_k, vocab, _ascii(numerics), lane_tokens, _params(params),
+                             context)
         return self.header
 
-    def _read_segment(self) -> SegmentRecord | None:
-        if len(self._buf) < _SEGMENT.size:
-            return None
-        _, kind, tokens, orig_len, orig_crc, payload_len = _SEGMENT.unpack_from(self._buf)
+    def _read_segment(self, kind: int) -> SegmentRecord | None:
         index = self.segments
-        if kind not in (KIND_CODED, KIND_RAW):
-            raise ContainerError(f"corrupted container: segment {index} has unknown kind {kind}")
-        if kind == KIND_RAW and (payload_len != orig_len or tokens != 0):
-            raise ContainerError(f"corrupted container: raw segment {index} has inconsistent lengths")
         if index >= self.limits.max_segments:
             raise ContainerError(f"container has more than {self.limits.max_segments} segments", _TOO_LARGE)
-        if payload_len > self.limits.max_payload or orig_len > self.limits.max_original:
-            raise ContainerError(f"segment {index} declares {payload_len} payload bytes and {orig_len} "
-                                 "original bytes, over the limit", _TOO_LARGE)
+        pos = 1
+        tokens = 0
+        if kind == KIND_CODED:
+            item = read_varint(self._buf, pos)
+            if item is None:
+                return None
+            tokens, pos = item
+            if not 1 <= tokens <= self.limits.max_tokens:
+                raise ContainerError(f"corrupted container: segment {index} declares {tokens} tokens")
+        item = self._sized(pos, self.limits.max_original, f"segment {index}'s original")
+        if item is None:
+            return None
+        orig_len, pos = item
         if self.total_original + orig_len > self.limits.max_total_original:
             raise ContainerError(f"segment {index} takes the container's output over the limit of "
                                  f"{self.limits.max_total_original} bytes", _TOO_LARGE)
-        end = _SEGMENT.size + payload_len
+        payload_len = orig_len
+        if kind == KIND_CODED:
+            item = self._sized(pos, self.limits.max_payload, f"segment {index}'s payload")
+            if item is None:
+                return None
+            payload_len, pos = item
+        end = pos + payload_len + (_U32.size if kind == KIND_CODED else 0)
         if len(self._buf) < end + _U32.size:
             return None
         (crc,) = _U32.unpack_from(self._buf, end)
         if zlib.crc32(memoryview(self._buf)[:end]) != crc:
             raise ContainerError(f"corrupted container: segment {index} fails its checksum")
-        payload = self._take(end + _U32.size)[_SEGMENT.size:end]
-        if kind == KIND_RAW and zlib.crc32(payload) != orig_crc:
-            raise ContainerError(f"corrupted container: raw segment {index} does not match its original "
-                                 "checksum")
+        record = self._take(end + _U32.size)
+        payload = record[pos:pos + payload_len]
+        orig_crc = _U32.unpack_from(record, pos + payload_len)[0] if kind == KIND_CODED else zlib.crc32(payload)
         self.segments += 1
         self.total_original += orig_len
         return SegmentRecord(index, kind, tokens, orig_len, orig_crc, payload)
 
     def _read_trailer(self) -> Trailer | None:
-        if len(self._buf) < _TRAILER.size + _U32.size:
+        count_item = read_varint(self._buf, 1)
+        if count_item is None:
             return None
-        body = self._take(_TRAILER.size)
+        total_item = read_varint(self._buf, count_item[1])
+        if total_item is None or len(self._buf) < total_item[1] + _U32.size:
+            return None
+        self._take(total_item[1])
         expected = self._crc
         (crc,) = _U32.unpack(self._take(_U32.size))
-        _, count, total = _TRAILER.unpack(body)
+        count, total = count_item[0], total_item[0]
         if crc != expected:
             raise ContainerError(f"corrupted container: the trailer's checksum does not match (after "
                                  f"{self.segments} segments)")

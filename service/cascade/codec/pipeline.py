@@ -1,7 +1,11 @@
 """Compress and decompress as streams: segments in order, container bytes out as soon as final.
 
 This is the codec's orchestration (no HTTP): it owns the segmenter, the container writer/reader
-and the engine adapter, checks every decoded segment against its CRC, and reports statistics.
+and the exact runner (``exact.runner``), checks every decoded segment against its CRC, and reports
+statistics. Every segment is conditioned only on ``[</s>] + context`` (the model's document
+separator, as in training, plus the container's optional context) and cut into lanes
+(``lanes``), so segments and lanes are independent: they run batched, in any grouping, and a
+damaged segment never poisons the others.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from cascade.codec.container import (
     Limits,
     SegmentRecord,
 )
-from cascade.codec.engine_codec import EngineCodec
+from cascade.codec.lanes import MAX_LANES, lane_lengths, split_lanes
 from cascade.codec.segmenter import Segment, Segmenter
 
 if TYPE_CHECKING:
+    from cascade.codec.exact.runner import ExactRunner
     from cascade.engine.manager import EngineManager
 
 T = TypeVar("T")
@@ -61,7 +66,8 @@ class SegmentResult(NamedTuple):
 class CompressOptions:
     top_k: int
     precision_bits: int
-    segment_tokens: int
+    lane_tokens: int
+    lanes: int = 16
     context: bytes = b""
     verify: bool = False
 
@@ -106,16 +112,16 @@ async def ordered(jobs: AsyncIterator[Callable[[], Awaitable[T]]], window: int) 
 
 
 class CodecPipeline:
-    """One per service: knows the model (tokenizer, fingerprint) and drives the codec engine."""
+    """One per service: knows the model (tokenizer, fingerprint) and drives the exact runner."""
 
-    def __init__(self, engines: EngineManager, dtype: str, max_model_len: int, window: int,
-                 limits: Limits | None = None) -> None:
+    def __init__(self, engines: EngineManager, max_positions: int, window: int, limits: Limits | None = None) -> None:
         self.engines = engines
-        self.dtype = dtype
-        self.max_model_len = max_model_len
+        self.max_positions = max_positions
         self.window = max(1, window)
         self.limits = limits or Limits()
-        self.unavailable_reason: str | None = "codec engine is starting"
+        self.runner: ExactRunner | None = None
+        self.numerics = ""
+        self.unavailable_reason: str | None = "the codec is starting"
 
     @property
     def tokenizer(self) -> Any:
@@ -123,11 +129,17 @@ class CodecPipeline:
 
     @property
     def vocab_size(self) -> int:
-        return len(self.tokenizer)
+        """The model's output vocabulary (what the coder codes over)."""
+        return self.runner.vocab_size if self.runner is not None else len(self.tokenizer)
 
-    def _engine_codec(self) -> EngineCodec:
+    @property
+    def separator_id(self) -> int:
         eos = self.tokenizer.eos_token_id
-        return EngineCodec(self.engines, self.vocab_size, 0 if eos is None else int(eos))
+        return 0 if eos is None else int(eos)
+
+    def attach(self, runner: ExactRunner, numerics: str) -> None:
+        self.runner = runner
+        self.numerics = numerics
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -139,11 +151,32 @@ class CodecPipeline:
         if self.unavailable_reason is not None:
             raise CodecUnavailableError(self.unavailable_reason)
 
+    def _runner(self) -> ExactRunner:
+        if self.runner is None:
+            raise CodecUnavailableError(self.unavailable_reason or "the codec is starting")
+        return self.runner
+
     def context_tokens(self, context: bytes) -> list[int]:
         return self.encode_text(context.decode("utf-8")) if context else []
 
-    def max_segment_tokens(self, context_tokens: int) -> int:
-        return self.max_model_len - 2 - context_tokens
+    def prompt(self, context: list[int]) -> list[int]:
+        return [self.separator_id, *context]
+
+    def max_lane_tokens(self, context_tokens: int) -> int:
+        """The longest lane after ``[</s>] + context`` (a lane's last token is never fed back)."""
+        return self.max_positions - context_tokens
+
+    async def encode_tokens(self, prompt: list[int], tokens: list[int], lane_tokens: int, top_k: int,
+                            precision_bits: int) -> tuple[bytes, float]:
+        """One coded segment: ``(payload, the model's ideal bits)``."""
+        coded = await self._runner().encode(prompt, split_lanes(tokens, lane_tokens), top_k, precision_bits)
+        return coded.payload, coded.ideal_bits
+
+    async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
+                                 top_k: int, precision_bits: int) -> list[int]:
+        lanes = await self._runner().decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
+                                            precision_bits)
+        return [t for lane in lanes for t in lane]
 
     async def compress(self, chunks: AsyncIterator[bytes], options: CompressOptions, stats: CompressStats,
                        request_id: str, *, self_test: bool = False) -> AsyncIterator[bytes]:
@@ -151,21 +184,21 @@ class CodecPipeline:
         if not self_test:
             self.check_available()
         context = self.context_tokens(options.context)
-        limit = min(options.segment_tokens, self.max_segment_tokens(len(context)))
-        segmenter = Segmenter(self.encode_text, self.decode_tokens, limit, target_bytes=limit * 3)
-        codec = self._engine_codec()
+        lane_tokens = min(options.lane_tokens, self.max_lane_tokens(len(context)))
+        lanes = min(options.lanes, MAX_LANES)
+        segmenter = Segmenter(self.encode_text, self.decode_tokens, lane_tokens * lanes,
+                              target_bytes=lane_tokens * lanes * 3)
         writer = ContainerWriter(Header(self.engines.fingerprint, options.precision_bits, options.top_k,
-                                        self.vocab_size, self.dtype, {"separator_id": codec.separator_id},
-                                        options.context))
+                                        self.vocab_size, self.numerics, lane_tokens,
+                                        {"separator_id": self.separator_id}, options.context))
         header = writer.header_bytes()
         stats.bytes_out += len(header)
         yield header
+        prompt = self.prompt(context)
 
         async def jobs() -> AsyncIterator[Callable[[], Awaitable[SegmentResult]]]:
-            index = 0
             async for segment in segmenter.segments(counted(chunks, stats)):
-                yield self._segment_job(codec, segment, context, options, stats, f"{request_id}-c{index}")
-                index += 1
+                yield self._segment_job(segment, prompt, lane_tokens, options, stats)
 
         async for coded in ordered(jobs(), self.window):
             record = writer.segment_bytes(*coded)
@@ -175,8 +208,8 @@ class CodecPipeline:
         stats.bytes_out += len(trailer)
         yield trailer
 
-    def _segment_job(self, codec: EngineCodec, segment: Segment, context: list[int], options: CompressOptions,
-                     stats: CompressStats, rid: str) -> Callable[[], Awaitable[SegmentResult]]:
+    def _segment_job(self, segment: Segment, prompt: list[int], lane_tokens: int, options: CompressOptions,
+                     stats: CompressStats) -> Callable[[], Awaitable[SegmentResult]]:
         """Jobs finish in any order; only their results go through the writer, in submission order,
         because the container's running CRC covers the records in the order they are written."""
         async def run() -> SegmentResult:
@@ -184,18 +217,19 @@ class CodecPipeline:
                 stats.raw_segments += 1
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
-            coded = await codec.encode(segment.tokens, context, options.top_k, options.precision_bits, rid)
+            tokens = segment.tokens
+            payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
+                                                      options.precision_bits)
             if options.verify:
-                back = await codec.decode(coded.payload, coded.tokens, context, options.top_k,
-                                          options.precision_bits, rid + "-verify")
-                if back != segment.tokens:
-                    raise IntegrityError(f"verification failed: segment {stats.segments} did not decode back; "
-                                         "the engine is not deterministic here")
-            stats.tokens += coded.tokens
-            stats.payload_bits += 8 * len(coded.payload)
-            stats.ideal_bits += coded.ideal_bits
+                back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
+                                                     options.precision_bits)
+                if back != tokens:
+                    raise IntegrityError(f"verification failed: segment {stats.segments} did not decode back")
+            stats.tokens += len(tokens)
+            stats.payload_bits += 8 * len(payload)
+            stats.ideal_bits += ideal
             stats.segments += 1
-            return SegmentResult(KIND_CODED, coded.tokens, segment.data, coded.payload)
+            return SegmentResult(KIND_CODED, len(tokens), segment.data, payload)
 
         return run
 
@@ -205,21 +239,23 @@ class CodecPipeline:
         if not self_test:
             self.check_available()
         reader = ContainerReader(self.limits)
-        codec = self._engine_codec()
         header: Header | None = None
-        context: list[int] = []
+        prompt: list[int] = []
 
         async def jobs() -> AsyncIterator[Callable[[], Awaitable[tuple[int, bytes]]]]:
-            nonlocal header, context
+            nonlocal header, prompt
             async for chunk in chunks:
                 for item in reader.feed(chunk):
                     if isinstance(item, Header):
                         header = item
                         self._check_header(item)
-                        context = self.context_tokens(item.context)
+                        prompt = self.prompt(self.context_tokens(item.context))
+                        if item.lane_tokens > self.max_lane_tokens(len(prompt) - 1):
+                            raise ContainerError(f"corrupted header: lanes of {item.lane_tokens} tokens do not fit "
+                                                 f"the model's {self.max_positions} positions")
                     elif isinstance(item, SegmentRecord):
                         assert header is not None
-                        yield self._decode_job(codec, header, item, context, f"{request_id}-d{item.index}")
+                        yield self._decode_job(header, item, prompt)
             reader.close()
 
         async for result in ordered(jobs(), self.window):
@@ -232,35 +268,38 @@ class CodecPipeline:
                 f"{self.engines.fingerprint.hex()[:16]}…: decompress it with the same model")
         if header.vocab_size != self.vocab_size:
             raise ModelMismatchError(f"container vocabulary {header.vocab_size} ≠ model vocabulary {self.vocab_size}")
+        if header.numerics != self.numerics:
+            raise ModelMismatchError(f"container was made with numerics {header.numerics!r}; this server computes "
+                                     f"{self.numerics!r}")
         try:
             header.context.decode("utf-8")
         except UnicodeDecodeError:
             raise ContainerError("corrupted header: context is not UTF-8") from None
 
-    def _decode_job(self, codec: EngineCodec, header: Header, record: SegmentRecord, context: list[int],
-                    rid: str) -> Callable[[], Awaitable[tuple[int, bytes]]]:
+    def _decode_job(self, header: Header, record: SegmentRecord, prompt: list[int]
+                    ) -> Callable[[], Awaitable[tuple[int, bytes]]]:
         async def run() -> tuple[int, bytes]:
             if record.kind == KIND_RAW:
                 data = record.payload
             else:
-                if record.tokens < 1 or record.tokens > self.max_segment_tokens(len(context)):
+                if record.tokens > header.lane_tokens * MAX_LANES:
                     raise ContainerError(f"corrupted container: segment {record.index} declares "
-                                         f"{record.tokens} tokens")
-                tokens = await codec.decode(record.payload, record.tokens, context, header.top_k,
-                                            header.precision_bits, rid)
+                                         f"{record.tokens} tokens, more than {MAX_LANES} lanes")
+                tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
+                                                       header.top_k, header.precision_bits)
                 data = self.decode_tokens(tokens).encode("utf-8")
             if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
                 raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the container is "
-                                     "damaged or was made under different numerics; no output was produced for it")
+                                     "damaged; no output was produced for it")
             return record.index, data
 
         return run
 
     async def self_test(self, inject_fault: bool = False) -> None:
-        """Round-trip a sample through the codec engine; on failure the codec answers 503 with the reason."""
+        """Round-trip a sample through the exact runner; on failure the codec answers 503 with the reason."""
         self.unavailable_reason = "the codec's startup self-test is running"
         try:
-            options = CompressOptions(top_k=64, precision_bits=32, segment_tokens=512)
+            options = CompressOptions(top_k=64, precision_bits=32, lane_tokens=48, lanes=4)
             stats = CompressStats()
 
             async def source() -> AsyncIterator[bytes]:
@@ -281,8 +320,7 @@ class CodecPipeline:
                 raise IntegrityError("self-test text did not round-trip")
             self.unavailable_reason = None
         except (IntegrityError, ContainerError, RuntimeError) as exc:
-            self.unavailable_reason = (f"codec disabled: the startup self-test found the engine's distributions are "
-                                       f"not reproducible here ({exc})")
+            self.unavailable_reason = f"codec disabled: the startup self-test failed ({exc})"
 
 
 async def counted(chunks: AsyncIterator[bytes], stats: CompressStats) -> AsyncIterator[bytes]:

@@ -11,18 +11,16 @@ from cascade.settings import Settings
 class EngineRole(StrEnum):
     """Why an engine exists.
 
-    ``main`` serves plain generation and k-CBS. ``predict`` runs the static-text speculative
-    proposer for requests that carry a ``prediction`` (vLLM refuses logits processors there).
-    ``codec`` runs the codec's logits processor with a fixed batch shape, so the encoder and the
-    decoder see bit-identical distributions.
+    ``main`` serves plain generation, k-CBS and the top-k export. ``predict`` runs the static-text
+    speculative proposer for requests that carry a ``prediction``. The codec runs on no vLLM engine:
+    it has its own exact runner (``cascade.codec.exact``).
     """
 
     MAIN = "main"
     PREDICT = "predict"
-    CODEC = "codec"
 
 
-CPU_KV_CACHE_MIB = {"main": 512, "predict": 512, "codec": 128}
+CPU_KV_CACHE_MIB = {"main": 512, "predict": 512}
 
 
 def on_cpu() -> bool:
@@ -37,7 +35,7 @@ def kv_cache_bytes(settings: Settings, role: EngineRole, cpu: bool) -> int | Non
     On the CPU vLLM takes the fraction of the NUMA node's memory, which is not the machine's, so a
     fraction that starts on one host can leave nothing for the KV cache on another: sizes are fixed.
     """
-    explicit = settings.codec_kv_cache_mib if role is EngineRole.CODEC else settings.kv_cache_mib
+    explicit = settings.kv_cache_mib
     if explicit is None and cpu:
         explicit = CPU_KV_CACHE_MIB[role.value]
     return None if explicit is None else explicit << 20
@@ -67,10 +65,6 @@ def engine_kwargs(settings: Settings, role: EngineRole, *, cpu: bool | None = No
         }
         kwargs["per_request_spec_decode_metrics"] = "summary"
         kwargs["gpu_memory_utilization"] = settings.predict_memory_fraction or settings.memory_fraction
-    if role is EngineRole.CODEC:
-        kwargs["max_num_seqs"] = settings.codec_max_num_seqs
-        kwargs["gpu_memory_utilization"] = settings.codec_memory_fraction
-        kwargs["enable_prefix_caching"] = False
     kv_bytes = kv_cache_bytes(settings, role, on_cpu() if cpu is None else cpu)
     if kv_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = kv_bytes
@@ -82,6 +76,4 @@ def engine_roles(settings: Settings) -> list[EngineRole]:
     roles = [EngineRole.MAIN]
     if settings.enable_predictions:
         roles.append(EngineRole.PREDICT)
-    if settings.enable_codec:
-        roles.append(EngineRole.CODEC)
     return roles

@@ -104,7 +104,7 @@ class EngineManager:
 
     async def live_state(self, timeout: float = 5.0) -> dict[str, dict[str, int]]:
         """Per engine: unfinished requests plus the per-request state its worker holds (vLLM's and
-        Cascade's codec rows and prediction states; see ``worker_state``). Dead engines are skipped."""
+        Cascade's prediction states; see ``worker_state``). Dead engines are skipped."""
         async def one(role: EngineRole, engine: AsyncLLM) -> tuple[str, dict[str, int]]:
             per_worker = await asyncio.wait_for(engine.collective_rpc(RPC_METHOD), timeout)
             counts = merge_counts(list(per_worker))

@@ -4,7 +4,7 @@ vLLM mixes ``LiveStateWorkerExtension`` into its worker class (``worker_extensio
 engine argument), so the gateway can ask every worker with
 ``AsyncLLM.collective_rpc("cascade_live_state")``: a named method, so no pickled callables (which
 vLLM only accepts with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``). The counts are read from objects
-Cascade itself put there (the codec logits processor and the static-text proposer) through
+Cascade itself put there (the static-text proposer) through
 duck-typed methods; runner attributes that differ between vLLM versions are read with ``getattr``
 so a mismatch reports ``-1`` instead of failing, and the whole query refuses to run on a vLLM
 version Cascade was not checked against.
@@ -16,7 +16,7 @@ from typing import Any
 
 WORKER_EXTENSION = "cascade.engine.worker_state.LiveStateWorkerExtension"
 RPC_METHOD = "cascade_live_state"
-KINDS = ("runner_requests", "batch_rows", "codec_rows", "prediction_states", "prediction_debug_logs")
+KINDS = ("runner_requests", "batch_rows", "prediction_states", "prediction_debug_logs")
 
 
 def live_state(worker: Any) -> dict[str, int]:
@@ -31,13 +31,6 @@ def live_state(worker: Any) -> dict[str, int]:
     counts["runner_requests"] = len(requests) if isinstance(requests, dict) else -1
     req_ids = getattr(batch, "req_ids", None)
     counts["batch_rows"] = len([r for r in req_ids if r is not None]) if req_ids is not None else -1
-    processors = getattr(getattr(batch, "logitsprocs", None), "all", None)
-    if processors is None:
-        counts["codec_rows"] = -1
-    for processor in processors or ():
-        rows = getattr(processor, "live_rows", None)
-        if callable(rows):
-            counts["codec_rows"] += int(rows())
     drafter: Any = getattr(runner, "drafter", None)
     release = getattr(drafter, "release_finished", None)
     if callable(release):

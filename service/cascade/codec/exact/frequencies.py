@@ -1,0 +1,99 @@
+"""Integer logits → integer frequency tables for many positions at once (torch int64, exact).
+
+Per row (the full derivation is in docs/codec-format.md, "Frequency table, version 3"), with
+``z`` the logits in units of 2**-16 nats and ``d = min(max(z) − z, 32·2**16)``:
+
+1. symbols: the top-k ids by ``(z descending, id ascending)`` — one unique int64 key per id, so
+   ties cannot make the choice machine dependent — then the escape symbol;
+2. a top-k symbol weighs ``round(2**31 · e^(−d / 2**16))``, read from the two correctly rounded
+   ``decimal`` tables of ``distribution`` (the arg-max weighs exactly 2**31);
+3. the escape weighs the rest of the vocabulary, ``Σ C[d >> 6]`` over the ids outside the top-k,
+   with ``C[j] = round(2**31 · e^(−j / 2**10))`` (one coarser table: one gather per id);
+4. every weight is shifted right by ``s = max(0, bitlength(W) − 31)`` (``W``: their total) and
+   ``cdf[i] = i + floor((2**P − n) · (u_0 + … + u_{i−1}) / U)``, so every symbol gets ≥ 1 and the
+   table sums to exactly 2**P.
+
+All of it is int64 arithmetic whose values provably fit (bounds in the comments), so it is the same
+on every machine and device.
+"""
+
+from __future__ import annotations
+
+import functools
+from decimal import Decimal, localcontext
+
+import torch
+
+from cascade.codec.distribution import Q_FLOOR, WEIGHT_BITS, _exp_tables
+
+_LO_BITS = 11
+_COARSE_SHIFT = 6
+
+
+@functools.cache
+def _tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    hi, lo = _exp_tables()
+    with localcontext() as ctx:
+        ctx.prec = 40
+        one = Decimal(1 << WEIGHT_BITS)
+        step = (Decimal(-(1 << _COARSE_SHIFT)) / Decimal(1 << 16)).exp()
+        coarse, current = [], one
+        for _ in range((-Q_FLOOR >> _COARSE_SHIFT) + 1):
+            coarse.append(int(current.to_integral_value()))
+            current *= step
+    return torch.from_numpy(hi), torch.from_numpy(lo), torch.tensor(coarse, dtype=torch.int64)
+
+
+def id_bits(vocab_size: int) -> int:
+    return max(1, (vocab_size - 1).bit_length())
+
+
+def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids (N, k), cdf (N, k + 2))``: top-k ids in canonical order, and the CDF of k + escape symbols."""
+    n_rows, vocab = logits.shape
+    if not 1 <= top_k < vocab:
+        raise ValueError(f"top_k must lie in [1, {vocab})")
+    if top_k + 1 > 1 << precision_bits:
+        raise ValueError(f"{top_k + 1} symbols do not fit {precision_bits}-bit frequencies")
+    if vocab > 1 << 21:
+        raise ValueError("vocabularies above 2**21 ids are not supported")
+    hi, lo, coarse = _tables()
+    bits = id_bits(vocab)
+    z = logits.clamp(-(1 << 36), 1 << 36)
+    top_z = z.amax(dim=1, keepdim=True)
+    key = z * (1 << bits) + torch.arange(vocab - 1, -1, -1, dtype=torch.int64)  # |key| < 2**57
+    top = torch.topk(key, top_k, dim=1, sorted=True).values
+    ids = (vocab - 1) - (top & ((1 << bits) - 1))
+    d_top = (top_z - (top >> bits)).clamp(max=-Q_FLOOR)
+    top_w = (hi[d_top >> _LO_BITS] * lo[d_top & ((1 << _LO_BITS) - 1)] + (1 << (WEIGHT_BITS - 1))) >> WEIGHT_BITS
+    d_all = (top_z - z).clamp_(max=-Q_FLOOR).bitwise_right_shift_(_COARSE_SHIFT)
+    escape = coarse[d_all].sum(dim=1, keepdim=True) - coarse[d_top >> _COARSE_SHIFT].sum(dim=1, keepdim=True)
+    weights = torch.cat([top_w, escape], dim=1)  # total ≤ vocab · 2**31 ≤ 2**52: exact in float64
+    total = weights.sum(dim=1, keepdim=True)
+    _, exponent = torch.frexp(total.to(torch.float64))  # the bit length of total
+    shift = (exponent.to(torch.int64) - WEIGHT_BITS).clamp(min=0)
+    u = weights >> shift
+    u_total = u.sum(dim=1, keepdim=True)
+    n = top_k + 1
+    spare = (1 << precision_bits) - n
+    cdf = torch.zeros(n_rows, n + 1, dtype=torch.int64)
+    cdf[:, 1:] = torch.arange(1, n + 1) + (torch.cumsum(u, dim=1) * spare) // u_total  # < 2**32 · 2**31
+    return ids, cdf
+
+
+def token_intervals(ids: torch.Tensor, cdf: torch.Tensor, tokens: torch.Tensor, vocab_size: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: ``(low, freq)`` of ``tokens[row]``'s symbol and its fallback rank (−1 when in the top-k).
+
+    A token outside the top-k codes as the escape symbol (the last), then as its rank among the
+    ``vocab_size − k`` ids not in the top-k, ascending.
+    """
+    k = ids.shape[1]
+    match = ids == tokens[:, None]
+    found = match.any(dim=1)
+    symbol = torch.where(found, match.to(torch.int64).argmax(dim=1), torch.full_like(tokens, k))
+    low = cdf.gather(1, symbol[:, None])[:, 0]
+    freq = cdf.gather(1, symbol[:, None] + 1)[:, 0] - low
+    rank = tokens - (ids < tokens[:, None]).sum(dim=1)
+    return low, freq, torch.where(found, torch.full_like(rank, -1), rank)
+

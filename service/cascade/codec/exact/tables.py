@@ -1,0 +1,118 @@
+"""Lookup tables for the exact model's nonlinearities, built with exact arithmetic only.
+
+Every table entry is computed with Python's ``decimal`` (libmpdec, the same algorithm on every
+machine) or with Python integers, then rounded once to the nearest float64 (``float(Decimal)`` and
+``int / int`` are correctly rounded). So the tables are identical on every machine, and no libm
+transcendental — whose last bit differs between libraries and instruction sets — is ever called
+when the codec runs. Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+import functools
+from decimal import Decimal, localcontext
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+# Attention weights: p = round(2**ATT_ONE_BITS · exp(-d)), d on a grid of 2**-ATT_GRID_BITS nats.
+ATT_GRID_BITS = 10
+ATT_ONE_BITS = 16
+ATT_RANGE_NATS = 24
+# SiLU: sigmoid on a grid of 2**-SIG_GRID_BITS over [-SIG_RANGE, SIG_RANGE].
+SIG_GRID_BITS = 10
+SIG_RANGE = 16
+_PREC = 50
+_ROT_BITS = 160
+_PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899")
+
+
+@functools.cache
+def attention_exp_table() -> FloatArray:
+    """``round(2**16 · e^(-i / 2**10))`` for ``i`` in ``0 … 24·2**10``; the last entry is 0 (the cut-off)."""
+    size = ATT_RANGE_NATS << ATT_GRID_BITS
+    with localcontext() as ctx:
+        ctx.prec = _PREC
+        one = Decimal(1 << ATT_ONE_BITS)
+        grid = Decimal(1 << ATT_GRID_BITS)
+        step = (Decimal(-1) / grid).exp()
+        values = []
+        current = one
+        for _ in range(size):
+            values.append(int(current.to_integral_value()))
+            current *= step
+    values.append(0)
+    return np.array(values, dtype=np.float64)
+
+
+@functools.cache
+def sigmoid_table() -> FloatArray:
+    """``1 / (1 + e^(-x))`` at ``x = i / 2**10`` for ``i`` in ``-16·2**10 … 16·2**10``, correctly rounded."""
+    half = SIG_RANGE << SIG_GRID_BITS
+    with localcontext() as ctx:
+        ctx.prec = _PREC
+        grid = Decimal(1 << SIG_GRID_BITS)
+        step = (Decimal(-1) / grid).exp()
+        exps = [Decimal(1)]
+        for _ in range(half):
+            exps.append(exps[-1] * step)
+        positive = [float(1 / (1 + e)) for e in exps]
+        negative = [float(e / (1 + e)) for e in exps]
+    return np.array(negative[:0:-1] + positive, dtype=np.float64)
+
+
+def _cos_sin(angle: Decimal) -> tuple[Decimal, Decimal]:
+    """Taylor series after reduction to ``[-π, π]``, at ``_PREC`` digits."""
+    two_pi = 2 * _PI
+    angle = angle - two_pi * (angle / two_pi).to_integral_value()
+    term = Decimal(1)
+    cos, sin = Decimal(0), Decimal(0)
+    n = 0
+    while True:
+        if n % 4 == 0:
+            cos += term
+        elif n % 4 == 1:
+            sin += term
+        elif n % 4 == 2:
+            cos -= term
+        else:
+            sin -= term
+        n += 1
+        term = term * angle / n
+        if abs(term) < Decimal(10) ** (-_PREC + 2):
+            return cos, sin
+
+
+def inverse_frequencies(head_dim: int, theta: float, factor: Decimal = Decimal(1)) -> list[Decimal]:
+    """``theta ** (-2j / head_dim) / factor`` for ``j < head_dim / 2`` (``factor``: linear RoPE scaling)."""
+    with localcontext() as ctx:
+        ctx.prec = _PREC
+        log_theta = Decimal(repr(float(theta))).ln()
+        return [(-(Decimal(2 * j) / head_dim) * log_theta).exp() / factor for j in range(head_dim // 2)]
+
+
+@functools.cache
+def rope_tables(head_dim: int, theta: float, max_positions: int, linear_factor: float = 1.0
+                ) -> tuple[FloatArray, FloatArray]:
+    """cos and sin of ``position · inv_freq[j]``, shape ``(max_positions, head_dim // 2)``.
+
+    One rotation per frequency is computed with ``decimal``; positions follow by exact complex
+    multiplication in 160-bit fixed point (Python integers), so the table costs milliseconds and
+    its rounding error (~2**-140) is far below float64's.
+    """
+    one = 1 << _ROT_BITS
+    cos = np.empty((max_positions, head_dim // 2), dtype=np.float64)
+    sin = np.empty_like(cos)
+    with localcontext() as ctx:
+        ctx.prec = _PREC
+        for j, freq in enumerate(inverse_frequencies(head_dim, theta, Decimal(repr(float(linear_factor))))):
+            c1, s1 = _cos_sin(freq)
+            step_c, step_s = int((c1 * one).to_integral_value()), int((s1 * one).to_integral_value())
+            c, s = one, 0
+            for position in range(max_positions):
+                cos[position, j] = c / one
+                sin[position, j] = s / one
+                c, s = (c * step_c - s * step_s) >> _ROT_BITS, (c * step_s + s * step_c) >> _ROT_BITS
+    return cos, sin

@@ -1,0 +1,78 @@
+"""A segment's tokens as parallel lanes sharing one range-coded stream.
+
+A segment of ``n`` tokens is cut into lanes of ``lane_tokens`` tokens (the last lane shorter);
+each lane is conditioned only on the container's prompt, so all lanes of all segments in flight
+decode together, one batched model step per position. Their symbols are interleaved in one
+stream — position 0 of every lane, then position 1 of every lane still running, … — which is
+exactly the order a lock-step batched decoder meets them in. So a segment needs neither per-lane
+payload lengths nor per-lane token counts: framing stays a few bytes per segment. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cascade.codec.range_coder import Decoder, Encoder
+
+MAX_LANES = 64
+
+
+def lane_lengths(tokens: int, lane_tokens: int) -> list[int]:
+    """Token count of each lane: full lanes, then the remainder."""
+    if tokens < 0 or lane_tokens < 1:
+        raise ValueError("tokens must be ≥ 0 and lane_tokens ≥ 1")
+    full, rest = divmod(tokens, lane_tokens)
+    return [lane_tokens] * full + ([rest] if rest else [])
+
+
+def split_lanes(tokens: Sequence[int], lane_tokens: int) -> list[list[int]]:
+    return [list(tokens[i:i + lane_tokens]) for i in range(0, len(tokens), lane_tokens)]
+
+
+@dataclass(frozen=True)
+class LaneSymbols:
+    """One lane's coded symbols, position by position: table interval and fallback rank (−1: none)."""
+
+    low: Sequence[int]
+    freq: Sequence[int]
+    rank: Sequence[int]
+    fallback_total: int
+
+
+def encode_lanes(lanes: Sequence[LaneSymbols], precision_bits: int) -> bytes:
+    """The interleaved stream of every lane's symbols (position-major, lanes in order)."""
+    encoder = Encoder()
+    out = bytearray()
+    longest = max((len(lane.low) for lane in lanes), default=0)
+    for t in range(longest):
+        for lane in lanes:
+            if t < len(lane.low):
+                out += encoder.encode(int(lane.low[t]), int(lane.freq[t]), precision_bits)
+                rank = int(lane.rank[t])
+                if rank >= 0:
+                    out += encoder.encode_with_total(rank, 1, lane.fallback_total)
+    out += encoder.finish()
+    return bytes(out)
+
+
+class LaneDecoder:
+    """Decodes an interleaved stream in the order ``encode_lanes`` wrote it (the caller steps lanes in order)."""
+
+    def __init__(self, payload: bytes, precision_bits: int, fallback_total: int) -> None:
+        self.decoder = Decoder(payload)
+        self.precision_bits = precision_bits
+        self.fallback_total = fallback_total
+
+    def target(self) -> int:
+        """Where the next table symbol's interval must contain (``0 ≤ target < 2**precision_bits``)."""
+        return self.decoder.decode_target(self.precision_bits)
+
+    def consume(self, low: int, freq: int) -> None:
+        self.decoder.consume(low, freq, self.precision_bits)
+
+    def fallback_rank(self) -> int:
+        """After an escape: the token's rank among the ids outside the top-k."""
+        rank = self.decoder.decode_target_with_total(self.fallback_total)
+        self.decoder.consume_with_total(rank, 1, self.fallback_total)
+        return rank
