@@ -12,6 +12,7 @@ import httpx
 import psutil
 import pytest
 from cascade.api.codec_routes import parse_sse
+from cascade.codec.container import encode_header, parse_container
 
 from tests.integration.conftest import MODEL, Service, start_service, stop_service
 
@@ -83,12 +84,7 @@ def _fix_header_crc(container: bytes, header_len: int) -> bytes:
 
 
 def _header_len(container: bytes) -> int:
-    pos = 4 + 1 + 32 + 1 + 2 + 4
-    pos += 1 + container[pos]
-    (params,) = struct.unpack_from("<H", container, pos)
-    pos += 2 + params
-    (context,) = struct.unpack_from("<I", container, pos)
-    return pos + 4 + context + 4
+    return len(encode_header(parse_container(container).header))
 
 
 def test_damaged_containers_get_clear_4xx(service: Service) -> None:
@@ -207,26 +203,27 @@ def test_arbitrary_bytes_become_text_and_come_back(service: Service) -> None:
         assert data == secret
 
 
-def test_bfloat16_engine_round_trips_exactly_under_concurrency(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """bf16 logits differ by up to 0.49 between batch shapes on CPU; the fixed-shape codec engine
-    must still reproduce every token while other requests run beside it."""
-    svc = start_service(tmp_path_factory.mktemp("bf16"), ["--no-enable-predictions", "--dtype", "bfloat16"])
-    texts = [f"def handler_{i}(event, context):\n    return {{'status': {200 + i}, 'body': event}}\n" for i in range(4)]
+CROSS_TEXTS = {
+    "code": "".join(f"def handler_{i}(event, context):\n    return {{'status': {200 + i}, 'body': event}}\n"
+                    for i in range(40)),
+    "prose": "The archive is read from standard input and written to the named files. " * 30,
+}
+
+
+def test_containers_are_portable_between_services_with_different_numerics(
+        service: Service, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A second service on another instruction set (oneDNN SSE4.1, ATen's default kernels), another
+    thread count and bfloat16 engines writes the same containers and opens the first one's, both ways."""
+    other = start_service(tmp_path_factory.mktemp("numerics"),
+                          ["--no-enable-predictions", "--dtype", "bfloat16", "--codec-threads", "1"],
+                          env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"})
     try:
-        async def main() -> list[bytes]:
-            async with httpx.AsyncClient(base_url=svc.base_url, headers=svc.headers, timeout=300) as client:
-                async def round_trip(text: str) -> bytes:
-                    c = await client.post("/compress", content=text.encode(), headers={"content-type": "text/plain"})
-                    d = await client.post("/decompress", content=c.content,
-                                          headers={"content-type": "application/octet-stream"})
-                    return d.content
-
-                async def chat(i: int) -> None:
-                    await client.post("/v1/completions", json={"model": MODEL, "prompt": f"# {i}\n", "max_tokens": 16})
-
-                results = await asyncio.gather(*(round_trip(t) for t in texts), *(chat(i) for i in range(6)))
-            return [r for r in results[: len(texts)] if isinstance(r, bytes)]
-
-        assert asyncio.run(main()) == [t.encode() for t in texts]
+        for name, text in CROSS_TEXTS.items():
+            data = text.encode()
+            here = _compress(service, data, lane_tokens=64, lanes=8)
+            there = _compress(other, data, lane_tokens=64, lanes=8)
+            assert here == there, f"{name}: the two services wrote different containers"
+            assert _decompress(other, here).content == data
+            assert _decompress(service, there).content == data
     finally:
-        stop_service(svc)
+        stop_service(other)

@@ -23,15 +23,15 @@ from cascade.codec.container import (
     Trailer,
     encode_header,
     parse_container,
+    varint,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-HEADER = Header(b"\x07" * 32, 32, 64, 8192, "float32", {"separator_id": 1, "temperature": 1.0},
+HEADER = Header(b"\x07" * 32, 32, 64, 8192, "exact-llama-1", 1000, {"separator_id": 1, "temperature": 1.0},
                 "ctx ✓".encode())
 SEGMENTS = [(KIND_CODED, 3, b"abc", b"\x01\x02\x03"), (KIND_RAW, 0, b"\xff\xfe", b"\xff\xfe"),
             (KIND_CODED, 1, "é".encode(), b"\x09")]
-SEGMENT_HEAD = 18
 
 
 def _container(header: Header, segments: list[tuple[int, int, bytes, bytes]]) -> bytes:
@@ -66,8 +66,8 @@ JSON_SCALARS = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinit
                          st.booleans(), st.none())
 headers = st.builds(
     Header, st.binary(min_size=32, max_size=32), st.sampled_from([16, 24, 32]), st.integers(1, 0xFFFF),
-    st.integers(2, 0xFFFFFFFF), st.text("abcdefghijklmnopqrstuvwxyz0123456789", max_size=20),
-    st.dictionaries(st.text(max_size=8), JSON_SCALARS, max_size=4),
+    st.integers(1 << 16, 0xFFFFFFFF), st.text("abcdefghijklmnopqrstuvwxyz0123456789-", max_size=20),
+    st.integers(1, 1 << 20), st.dictionaries(st.text(max_size=8), JSON_SCALARS, max_size=4),
     st.binary(max_size=100))
 segments = st.lists(st.one_of(
     st.tuples(st.just(KIND_CODED), st.integers(1, 1000), st.binary(max_size=50), st.binary(max_size=50)),
@@ -110,7 +110,7 @@ def test_every_truncation_is_rejected() -> None:
 
 
 def test_truncation_at_a_record_boundary_names_the_segments_read() -> None:
-    cut = len(SAMPLE) - 17
+    cut = len(SAMPLE) - 7
     with pytest.raises(ContainerError, match="after 3 complete segment"):
         parse_container(SAMPLE[:cut])
 
@@ -126,7 +126,7 @@ def test_every_single_bit_flip_is_rejected() -> None:
 
 def test_a_damaged_segment_is_named_in_the_error() -> None:
     damaged = bytearray(SAMPLE)
-    second_payload = HEADER_LEN + (SEGMENT_HEAD + 3 + 4) + SEGMENT_HEAD
+    second_payload = HEADER_LEN + (1 + 3 + 3 + 4 + 4) + 2
     damaged[second_payload] ^= 0x40
     with pytest.raises(ContainerError, match="segment 1"):
         parse_container(bytes(damaged))
@@ -144,6 +144,20 @@ def test_trailing_garbage_wrong_magic_and_wrong_version_are_named() -> None:
     assert info.value.code == "unsupported_version"
 
 
+def test_version_2_containers_get_a_clear_error_that_names_the_version() -> None:
+    with pytest.raises(ContainerError, match="version 2 containers were made by the float-kernel codec") as info:
+        parse_container(SAMPLE[:4] + b"\x02" + SAMPLE[5:])
+    assert info.value.code == "unsupported_version"
+
+
+def test_framing_is_a_few_bytes_per_segment() -> None:
+    """Varints: a coded segment's framing is its kind, three lengths and two CRCs."""
+    writer = ContainerWriter(HEADER)
+    writer.header_bytes()
+    record = writer.segment_bytes(KIND_CODED, 16000, b"x" * 50000, b"p" * 6000)
+    assert len(record) - 6000 == 1 + 2 + 3 + 2 + 4 + 4
+
+
 def test_streaming_reader_rejects_a_foreign_stream_from_its_first_byte() -> None:
     with pytest.raises(ContainerError, match="magic"):
         ContainerReader().feed(b"P")
@@ -152,9 +166,9 @@ def test_streaming_reader_rejects_a_foreign_stream_from_its_first_byte() -> None
 def test_huge_declared_sizes_fail_before_their_bytes_arrive() -> None:
     head = encode_header(HEADER)
     for payload_len, orig_len in ((2**32 - 1, 0), (0, 2**31)):
-        hostile = head + struct.pack("<cBIIII", b"S", KIND_CODED, 1, orig_len, 0, payload_len)
+        hostile = head + bytes([KIND_CODED]) + varint(1) + varint(orig_len) + varint(payload_len)
         start = time.monotonic()
-        with pytest.raises(ContainerError, match="over the limit") as info:
+        with pytest.raises(ContainerError, match="exceeds the limit") as info:
             ContainerReader().feed(hostile)
         assert info.value.code == "container_too_large"
         assert time.monotonic() - start < 0.1
@@ -171,8 +185,8 @@ def test_limits_on_segment_count_and_total_output_are_enforced() -> None:
 
 @pytest.mark.parametrize("params", [b"[" * 60_000, b"[1, 2]", b"{\xff}", b"not json", b"1" * 5000])
 def test_header_params_that_are_not_a_json_object_are_rejected(params: bytes) -> None:
-    body = (struct.pack("<4sB32sBHI", b"CSCZ", VERSION, b"\0" * 32, 32, 64, 8192) + b"\x07float32"
-            + struct.pack("<H", len(params)) + params + struct.pack("<I", 0))
+    body = (b"CSCZ" + bytes([VERSION]) + b"\0" * 32 + varint(5) + b"exact" + bytes([32]) + varint(64)
+            + varint(8192) + varint(100) + varint(len(params)) + params + varint(0))
     data = body + struct.pack("<I", zlib.crc32(body))
     with pytest.raises(ContainerError, match="params"):
         ContainerReader().feed(data)
@@ -180,17 +194,19 @@ def test_header_params_that_are_not_a_json_object_are_rejected(params: bytes) ->
 
 def test_header_with_valid_checksum_but_impossible_parameters_is_rejected() -> None:
     data = bytearray(SAMPLE)
-    data[4 + 1 + 32] = 12
+    data[4 + 1 + 32 + 1 + len(HEADER.numerics)] = 12
     with pytest.raises(ContainerError, match="coding parameters"):
         parse_container(_with_header_crc(bytes(data), HEADER_LEN))
 
 
 @pytest.mark.parametrize("header", [
-    Header(b"\0" * 31, 32, 64, 8192, "float32"),
-    Header(b"\0" * 32, 12, 64, 8192, "float32"),
-    Header(b"\0" * 32, 32, 70_000, 80_000, "float32"),
-    Header(b"\0" * 32, 32, 64, 8192, "flöat"),
-    Header(b"\0" * 32, 32, 64, 8192, "float32", {"t": float("nan")}),
+    Header(b"\0" * 31, 32, 64, 8192, "exact", 100),
+    Header(b"\0" * 32, 12, 64, 8192, "exact", 100),
+    Header(b"\0" * 32, 16, 70_000, 80_000, "exact", 100),
+    Header(b"\0" * 32, 32, 8192, 8192, "exact", 100),
+    Header(b"\0" * 32, 32, 64, 8192, "exäct", 100),
+    Header(b"\0" * 32, 32, 64, 8192, "exact", 0),
+    Header(b"\0" * 32, 32, 64, 8192, "exact", 100, {"t": float("nan")}),
 ])
 def test_writer_refuses_headers_no_reader_would_accept(header: Header) -> None:
     with pytest.raises(ValueError):
@@ -203,8 +219,8 @@ def test_writer_refuses_a_raw_segment_whose_payload_is_not_its_original() -> Non
 
 
 def test_header_params_are_written_canonically() -> None:
-    a = encode_header(Header(b"\0" * 32, 16, 8, 100, "bf16", {"b": 1, "a": [1, 2]}))
-    b = encode_header(Header(b"\0" * 32, 16, 8, 100, "bf16", {"a": [1, 2], "b": 1}))
+    a = encode_header(Header(b"\0" * 32, 16, 8, 100, "exact", 50, {"b": 1, "a": [1, 2]}))
+    b = encode_header(Header(b"\0" * 32, 16, 8, 100, "exact", 50, {"a": [1, 2], "b": 1}))
     assert a == b and json.dumps({"a": [1, 2], "b": 1}, separators=(",", ":")).encode() in a
 
 

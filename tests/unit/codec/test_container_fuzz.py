@@ -20,6 +20,7 @@ import zlib
 from collections import Counter
 
 import numpy as np
+import torch
 from cascade.codec.container import (
     KIND_CODED,
     KIND_RAW,
@@ -32,9 +33,10 @@ from cascade.codec.container import (
     Header,
     Limits,
     parse_container,
+    varint,
 )
-from cascade.codec.range_coder import Decoder
-from cascade.codec.topk_coding import decode_next_token
+from cascade.codec.exact.frequencies import frequency_tables, rank_to_token
+from cascade.codec.lanes import LaneDecoder
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -56,7 +58,7 @@ def _crc(body: bytes) -> bytes:
 
 def _valid(segments: int) -> bytes:
     """A well-formed container, so every run also takes the parser's success path."""
-    writer = ContainerWriter(Header(b"\1" * 32, 32, 64, 8192, "float32", {"separator_id": 1}, b"ctx"))
+    writer = ContainerWriter(Header(b"\1" * 32, 32, 64, 8192, "exact-llama-1", 1000, {"separator_id": 1}, b"ctx"))
     data = writer.header_bytes()
     for i in range(segments):
         original = b"seg%d" % i
@@ -70,7 +72,8 @@ def header_bytes(draw: st.DrawFn) -> bytes:
     precision = draw(usually(32, st.integers(0, 255)))
     top_k = draw(usually(64, st.integers(0, 0xFFFF)))
     vocab = draw(usually(8192, st.integers(0, 0xFFFFFFFF)))
-    dtype = draw(st.one_of(st.just(b"float32"), st.binary(max_size=20)))
+    lane = draw(usually(1000, st.integers(0, 1 << 40)))
+    numerics = draw(st.one_of(st.just(b"exact-llama-1"), st.binary(max_size=20)))
     params = draw(st.one_of(
         st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3).map(
             lambda d: json.dumps(d).encode()),
@@ -78,12 +81,12 @@ def header_bytes(draw: st.DrawFn) -> bytes:
         st.integers(1, 3000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n),
         st.binary(max_size=40)))
     context = draw(st.binary(max_size=30))
-    head = struct.pack("<4sB32sBHI", MAGIC, VERSION, draw(st.binary(min_size=32, max_size=32)), precision, top_k,
-                       vocab)
+    numerics_len = draw(usually(len(numerics), st.integers(0, 300)))
     params_len = draw(usually(len(params), st.integers(0, 0xFFFF)))
     context_len = draw(usually(len(context), HUGE | st.integers(0, 64)))
-    body = (head + bytes([len(dtype)]) + dtype + struct.pack("<H", params_len) + params
-            + struct.pack("<I", context_len) + context)
+    body = (MAGIC + bytes([VERSION]) + draw(st.binary(min_size=32, max_size=32)) + varint(numerics_len) + numerics
+            + bytes([precision]) + varint(top_k) + varint(vocab) + varint(lane) + varint(params_len) + params
+            + varint(context_len) + context)
     return _crc(body) if draw(st.booleans()) or draw(st.booleans()) else body + draw(st.binary(min_size=4,
                                                                                                max_size=4))
 
@@ -98,7 +101,11 @@ def segment_bytes(draw: st.DrawFn) -> tuple[bytes, int]:
     orig_len = draw(usually(len(original), HUGE | st.integers(0, 64)))
     payload_len = draw(usually(len(payload), HUGE | st.integers(0, 64)))
     orig_crc = zlib.crc32(original) if draw(st.booleans()) else draw(st.integers(0, 0xFFFFFFFF))
-    record = struct.pack("<cBIIII", b"S", kind, tokens, orig_len, orig_crc, payload_len) + payload
+    if kind == 1:
+        record = bytes([kind]) + varint(orig_len) + payload
+    else:
+        record = (bytes([kind & 0xFF]) + varint(tokens) + varint(orig_len) + varint(payload_len) + payload
+                  + struct.pack("<I", orig_crc))
     return (_crc(record) if draw(st.integers(0, 7)) else record + b"\0\0\0\0"), orig_len
 
 
@@ -112,7 +119,7 @@ def hostile_container(draw: st.DrawFn) -> bytes:
         total += orig_len
     count = draw(usually(len(segments), st.integers(0, 0xFFFFFFFF)))
     total = draw(usually(total & ((1 << 64) - 1), st.integers(0, (1 << 64) - 1)))
-    trailer = struct.pack("<cIQ", draw(st.sampled_from([b"E", b"E", b"E", b"S", b"X"])), count, total)
+    trailer = draw(st.sampled_from([b"E", b"E", b"E", b"\0", b"X"])) + varint(count) + varint(total)
     data += trailer + struct.pack("<I", zlib.crc32(data + trailer) if draw(st.integers(0, 4)) else 0)
     mutation = draw(st.sampled_from(["none", "none", "none", "truncate", "flip", "append", "splice"]))
     if mutation == "truncate" and data:
@@ -190,25 +197,26 @@ def test_random_bytes_only_raise_container_error(data: bytes, cuts: list[int]) -
     _check("random", data, Limits(), cuts)
 
 
+def _head(params: bytes = b"{}", context_len: int = 0, params_len: int | None = None) -> bytes:
+    return (MAGIC + bytes([VERSION]) + b"\0" * 32 + varint(5) + b"exact" + bytes([32]) + varint(64) + varint(8192)
+            + varint(1000) + varint(len(params) if params_len is None else params_len) + params + varint(context_len))
+
+
 @settings(max_examples=300, deadline=None)
 @given(HUGE, HUGE, st.integers(0, 0xFFFF))
 def test_huge_declared_header_and_segment_sizes_fail_without_allocating_them(context_len: int, payload_len: int,
                                                                             params_len: int) -> None:
-    head = struct.pack("<4sB32sBHI", MAGIC, VERSION, b"\0" * 32, 32, 64, 8192) + b"\x07float32"
-    forged = head + struct.pack("<H", params_len) + b"{}"[:params_len] + struct.pack("<I", context_len)
+    forged = _head(b"{}"[:params_len], context_len, params_len)
     _check("huge_header", forged, Limits(max_params=1024), [])
-    valid = _crc(head + struct.pack("<H", 2) + b"{}" + struct.pack("<I", 0))
-    segment = struct.pack("<cBIIII", b"S", 0, 3, payload_len, 0, payload_len)
-    _check("huge_segment", valid + segment, Limits(), [])
+    segment = bytes([0]) + varint(3) + varint(payload_len) + varint(payload_len)
+    _check("huge_segment", _crc(_head()) + segment, Limits(), [])
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 5000))
 def test_more_segments_than_the_limit_fail_at_the_first_one_over(count: int) -> None:
-    valid = _crc(struct.pack("<4sB32sBHI", MAGIC, VERSION, b"\0" * 32, 32, 64, 8192) + b"\x07float32"
-                 + struct.pack("<H", 2) + b"{}" + struct.pack("<I", 0))
-    record = _crc(struct.pack("<cBIIII", b"S", 1, 0, 1, zlib.crc32(b"a"), 1) + b"a")
-    data = valid + record * count
+    record = _crc(bytes([1]) + varint(1) + b"a")
+    data = _crc(_head()) + record * count
     limit = max(1, count // 2)
     TRIED["segment_count"] += 1
     reader = ContainerReader(Limits(max_segments=limit))
@@ -220,21 +228,28 @@ def test_more_segments_than_the_limit_fail_at_the_first_one_over(count: int) -> 
         assert count <= limit
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.binary(max_size=64), st.integers(2, 9000), st.integers(1, 64), st.sampled_from([16, 24, 32]),
-       st.integers(0, 2**32 - 1))
-def test_decoding_random_payloads_never_raises(payload: bytes, vocab: int, k: int, precision: int,
-                                               seed: int) -> None:
-    """What the codec logits processor does inside the engine: any bytes decode to *some* tokens."""
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.lists(st.integers(1, 30), min_size=1, max_size=6), st.integers(2, 9000),
+       st.integers(1, 64), st.sampled_from([16, 24, 32]), st.integers(0, 2**32 - 1))
+def test_decoding_random_payloads_never_raises(payload: bytes, lengths: list[int], vocab: int, k: int,
+                                               precision: int, seed: int) -> None:
+    """What the exact runner does with a forged payload: any bytes decode to *some* in-vocabulary tokens,
+    lane by lane (the segment's CRC then rejects them)."""
     TRIED["decode_step"] += 1
     rng = np.random.default_rng(seed)
-    k = min(k, vocab)
-    decoder = Decoder(payload)
-    for _ in range(24):
-        ids = rng.choice(vocab, size=k, replace=False).tolist()
-        logprobs = np.sort(rng.uniform(-40, 0, size=k))[::-1].tolist()
-        token = decode_next_token(decoder, ids, logprobs, vocab, precision)
-        assert 0 <= token < vocab
+    k = min(k, vocab - 1)
+    decoder = LaneDecoder(payload, precision, vocab - k)
+    for t in range(max(lengths)):
+        for n in lengths:
+            if t >= n:
+                continue
+            logits = torch.from_numpy(rng.integers(-(30 << 16), 30 << 16, size=(1, vocab)))
+            ids, cdf = frequency_tables(logits, k, precision)
+            row = cdf[0].numpy()
+            symbol = min(max(int(np.searchsorted(row, decoder.target(), side="right")) - 1, 0), k)
+            decoder.consume(int(row[symbol]), int(row[symbol + 1] - row[symbol]))
+            token = int(ids[0, symbol]) if symbol < k else rank_to_token(ids[0].numpy(), decoder.fallback_rank())
+            assert 0 <= token < vocab
 
 
 def test_fuzz_counts_are_reported() -> None:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from cascade.codec.exact.model import ExactConfig, ExactLlama, KVCache, UnsupportedModelError, rms_norm, rint, silu
+from cascade.codec.exact.model import ExactConfig, ExactLlama, KVCache, UnsupportedModelError, rint, rms_norm, silu
 from cascade.codec.exact.tables import sigmoid_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,6 +88,7 @@ def test_thread_count_does_not_change_a_bit() -> None:
 def _float_reference(model: ExactLlama, tokens: list[int]) -> torch.Tensor:
     """The same network in plain float64 (libm exp/sigmoid/cos, no quantisation)."""
     from cascade.codec.exact.tables import rope_tables
+
     from tests.unit.codec.exact_fixtures import tiny_weights
 
     w = {k: v.to(torch.float64) for k, v in tiny_weights(TINY).items()}
@@ -139,7 +140,7 @@ def test_exact_logits_stay_close_to_the_float_network() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=64))
 def test_rint_rounds_half_to_even_like_torch_round(values: list[float]) -> None:
-    x = torch.tensor(values + [0.5, 1.5, 2.5, -0.5, -2.5], dtype=torch.float64)
+    x = torch.tensor([*values, 0.5, 1.5, 2.5, -0.5, -2.5], dtype=torch.float64)
     assert torch.equal(rint(x), torch.round(x))
 
 

@@ -1,7 +1,7 @@
 """The pipeline with several segments in flight: records and their running CRC follow submission order.
 
-A byte-level stand-in replaces the engine so segments can be made to finish in reverse order; the
-container, not the engine, is what is under test here.
+A byte-level stand-in replaces the exact runner so segments can be made to finish in reverse order;
+the container, not the model, is what is under test here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from cascade.codec.container import parse_container
-from cascade.codec.engine_codec import CodedSegment
+from cascade.codec.exact.runner import EncodedSegment
 from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats
 
 
@@ -33,31 +33,34 @@ class FakeEngines:
     fingerprint = bytes(range(32))
 
 
-class ReverseFinishingCodec:
-    """Stores tokens as bytes; later segments finish first."""
+class ReverseFinishingRunner:
+    """Stores each lane's tokens as bytes; later segments finish first."""
 
-    separator_id = 0
+    vocab_size = 256
 
     def __init__(self) -> None:
         self.started = 0
 
-    async def encode(self, tokens: Sequence[int], context: Sequence[int], top_k: int, precision_bits: int,
-                     rid: str) -> CodedSegment:
+    async def encode(self, prompt: Sequence[int], lanes: Sequence[Sequence[int]], top_k: int,
+                     precision_bits: int) -> EncodedSegment:
         self.started += 1
         await asyncio.sleep(0.05 / self.started)
-        return CodedSegment(bytes(tokens), len(tokens), 0.0)
+        return EncodedSegment(b"".join(bytes(lane) for lane in lanes), sum(len(lane) for lane in lanes), 0.0)
 
-    async def decode(self, payload: bytes, n_tokens: int, context: Sequence[int], top_k: int,
-                     precision_bits: int, rid: str) -> list[int]:
+    async def decode(self, prompt: Sequence[int], lengths: Sequence[int], payload: bytes, top_k: int,
+                     precision_bits: int) -> list[list[int]]:
         await asyncio.sleep(0)
-        return list(payload)
+        out, start = [], 0
+        for n in lengths:
+            out.append(list(payload[start:start + n]))
+            start += n
+        return out
 
 
 def _pipeline(window: int) -> CodecPipeline:
-    pipe = CodecPipeline(FakeEngines(), "float32", max_model_len=64, window=window)  # type: ignore[arg-type]
+    pipe = CodecPipeline(FakeEngines(), max_positions=64, window=window)  # type: ignore[arg-type]
     pipe.unavailable_reason = None
-    codec = ReverseFinishingCodec()
-    pipe._engine_codec = lambda: codec  # type: ignore[method-assign,assignment,return-value]
+    pipe.attach(ReverseFinishingRunner(), "bytes-test")  # type: ignore[arg-type]
     return pipe
 
 
@@ -67,7 +70,7 @@ async def _source(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def _compress(pipe: CodecPipeline, data: bytes) -> bytes:
-    options = CompressOptions(top_k=8, precision_bits=32, segment_tokens=40)
+    options = CompressOptions(top_k=8, precision_bits=32, lane_tokens=20, lanes=2)
     return b"".join([part async for part in pipe.compress(_source(data), options, CompressStats(), "t")])
 
 

@@ -5,8 +5,8 @@ Per row (the full derivation is in docs/codec-format.md, "Frequency table, versi
 
 1. symbols: the top-k ids by ``(z descending, id ascending)`` — one unique int64 key per id, so
    ties cannot make the choice machine dependent — then the escape symbol;
-2. a top-k symbol weighs ``round(2**31 · e^(−d / 2**16))``, read from the two correctly rounded
-   ``decimal`` tables of ``distribution`` (the arg-max weighs exactly 2**31);
+2. a top-k symbol weighs ``round(2**31 · e^(−d / 2**16))`` as ``HI[d >> 11] · LO[d & 2047]``
+   (rounded), from two correctly rounded ``decimal`` tables (the arg-max weighs exactly 2**31);
 3. the escape weighs the rest of the vocabulary, ``Σ C[d >> 6]`` over the ids outside the top-k,
    with ``C[j] = round(2**31 · e^(−j / 2**10))`` (one coarser table: one gather per id);
 4. every weight is shifted right by ``s = max(0, bitlength(W) − 31)`` (``W``: their total) and
@@ -22,26 +22,35 @@ from __future__ import annotations
 import functools
 from decimal import Decimal, localcontext
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from cascade.codec.distribution import Q_FLOOR, WEIGHT_BITS, _exp_tables
-
+Q_BITS = 16
+D_MAX = 32 << Q_BITS
+WEIGHT_BITS = 31
 _LO_BITS = 11
 _COARSE_SHIFT = 6
 
 
-@functools.cache
-def _tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    hi, lo = _exp_tables()
+def _exp_entries(step_units: int, count: int) -> list[int]:
+    """``round(2**31 · e^(−i · step_units / 2**16))`` for ``i < count``, each computed on its own with
+    ``decimal`` at 40 digits (correctly rounded, the same everywhere)."""
     with localcontext() as ctx:
         ctx.prec = 40
         one = Decimal(1 << WEIGHT_BITS)
-        step = (Decimal(-(1 << _COARSE_SHIFT)) / Decimal(1 << 16)).exp()
-        coarse, current = [], one
-        for _ in range((-Q_FLOOR >> _COARSE_SHIFT) + 1):
-            coarse.append(int(current.to_integral_value()))
-            current *= step
-    return torch.from_numpy(hi), torch.from_numpy(lo), torch.tensor(coarse, dtype=torch.int64)
+        scale = Decimal(1 << Q_BITS)
+        return [int((one * (Decimal(-i * step_units) / scale).exp()).to_integral_value()) for i in range(count)]
+
+
+@functools.cache
+def _tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``HI`` (steps of 2**11 units), ``LO`` (steps of 1 unit) and the escape's ``C`` (steps of 2**6)."""
+    hi = _exp_entries(1 << _LO_BITS, (D_MAX >> _LO_BITS) + 1)
+    lo = _exp_entries(1, 1 << _LO_BITS)
+    coarse = _exp_entries(1 << _COARSE_SHIFT, (D_MAX >> _COARSE_SHIFT) + 1)
+    return (torch.tensor(hi, dtype=torch.int64), torch.tensor(lo, dtype=torch.int64),
+            torch.tensor(coarse, dtype=torch.int64))
 
 
 def id_bits(vocab_size: int) -> int:
@@ -64,9 +73,9 @@ def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> t
     key = z * (1 << bits) + torch.arange(vocab - 1, -1, -1, dtype=torch.int64)  # |key| < 2**57
     top = torch.topk(key, top_k, dim=1, sorted=True).values
     ids = (vocab - 1) - (top & ((1 << bits) - 1))
-    d_top = (top_z - (top >> bits)).clamp(max=-Q_FLOOR)
+    d_top = (top_z - (top >> bits)).clamp(max=D_MAX)
     top_w = (hi[d_top >> _LO_BITS] * lo[d_top & ((1 << _LO_BITS) - 1)] + (1 << (WEIGHT_BITS - 1))) >> WEIGHT_BITS
-    d_all = (top_z - z).clamp_(max=-Q_FLOOR).bitwise_right_shift_(_COARSE_SHIFT)
+    d_all = (top_z - z).clamp_(max=D_MAX).bitwise_right_shift_(_COARSE_SHIFT)
     escape = coarse[d_all].sum(dim=1, keepdim=True) - coarse[d_top >> _COARSE_SHIFT].sum(dim=1, keepdim=True)
     weights = torch.cat([top_w, escape], dim=1)  # total ≤ vocab · 2**31 ≤ 2**52: exact in float64
     total = weights.sum(dim=1, keepdim=True)
@@ -96,4 +105,11 @@ def token_intervals(ids: torch.Tensor, cdf: torch.Tensor, tokens: torch.Tensor, 
     freq = cdf.gather(1, symbol[:, None] + 1)[:, 0] - low
     rank = tokens - (ids < tokens[:, None]).sum(dim=1)
     return low, freq, torch.where(found, torch.full_like(rank, -1), rank)
+
+
+def rank_to_token(ids_row: npt.NDArray[np.int64], rank: int) -> int:
+    """The id outside ``ids_row`` whose ascending rank among the ids not in the top-k is ``rank``."""
+    ordered = np.sort(ids_row)
+    skipped = ordered - np.arange(ordered.size)
+    return rank + int(np.searchsorted(skipped, rank, side="right"))
 

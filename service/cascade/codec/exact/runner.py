@@ -24,10 +24,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from cascade.codec.exact.frequencies import frequency_tables, token_intervals
+from cascade.codec.exact.frequencies import frequency_tables, rank_to_token, token_intervals
 from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama, KVCache
 from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
-from cascade.codec.token_coding import complement_token as rank_to_token
 
 logger = logging.getLogger("cascade.codec")
 T = TypeVar("T")

@@ -1,0 +1,88 @@
+"""Integer logits → frequency tables: exact sums, every symbol codable, canonical, row independent."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from cascade.codec.exact.frequencies import frequency_tables, rank_to_token, token_intervals
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+LOGITS = st.lists(st.integers(-(40 << 16), 40 << 16), min_size=3, max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(LOGITS, st.integers(1, 79), st.sampled_from([16, 24, 32]))
+def test_tables_sum_to_two_to_the_precision_and_every_symbol_is_codable(row: list[int], k: int,
+                                                                        precision: int) -> None:
+    k = min(k, len(row) - 1)
+    ids, cdf = frequency_tables(torch.tensor([row]), k, precision)
+    assert int(cdf[0, 0]) == 0 and int(cdf[0, -1]) == 1 << precision
+    assert bool((cdf[0, 1:] - cdf[0, :-1] >= 1).all())
+    assert sorted(set(ids[0].tolist())) == sorted(ids[0].tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(LOGITS, st.integers(1, 40))
+def test_canonical_order_is_logit_descending_then_id_ascending(row: list[int], k: int) -> None:
+    k = min(k, len(row) - 1)
+    ids, _ = frequency_tables(torch.tensor([row]), k, 32)
+    expected = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+    assert ids[0].tolist() == expected
+
+
+def test_ties_at_the_top_k_boundary_pick_the_smallest_ids() -> None:
+    ids, _ = frequency_tables(torch.tensor([[5, 9, 9, 9, 1, 9]]), 3, 16)
+    assert ids[0].tolist() == [1, 2, 3]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(LOGITS.filter(lambda r: len(r) == 12), min_size=2, max_size=8), st.randoms())
+def test_a_row_gets_the_same_table_alone_and_in_any_batch(rows: list[list[int]], rng: object) -> None:
+    batch = torch.tensor(rows)
+    ids, cdf = frequency_tables(batch, 5, 24)
+    for i, row in enumerate(rows):
+        one_ids, one_cdf = frequency_tables(torch.tensor([row]), 5, 24)
+        assert torch.equal(one_ids[0], ids[i]) and torch.equal(one_cdf[0], cdf[i])
+
+
+def test_frequencies_follow_the_softmax_closely() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, size=(50, 500))
+    ids, cdf = frequency_tables(torch.from_numpy(np.rint(logits * 65536).astype(np.int64)), 64, 32)
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    coded = np.diff(cdf.numpy(), axis=1) / 2**32
+    for r in range(50):
+        top = probs[r, ids[r].numpy()]
+        assert np.allclose(coded[r, :64], top, atol=2e-6, rtol=2e-3)
+        assert math.isclose(coded[r, 64], 1 - top.sum(), rel_tol=5e-3, abs_tol=2e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-1000, 1000), min_size=10, max_size=40), st.data())
+def test_token_intervals_name_the_symbol_or_the_escape_rank(row: list[int], data: st.DataObject) -> None:
+    vocab = len(row)
+    k = data.draw(st.integers(1, vocab - 1))
+    token = data.draw(st.integers(0, vocab - 1))
+    ids, cdf = frequency_tables(torch.tensor([row]), k, 16)
+    low, freq, rank = token_intervals(ids, cdf, torch.tensor([token]), vocab)
+    top = ids[0].tolist()
+    if token in top:
+        symbol = top.index(token)
+        assert int(rank[0]) == -1
+    else:
+        symbol = k
+        assert rank_to_token(ids[0].numpy(), int(rank[0])) == token
+        assert 0 <= int(rank[0]) < vocab - k
+    assert (int(low[0]), int(freq[0])) == (int(cdf[0, symbol]), int(cdf[0, symbol + 1] - cdf[0, symbol]))
+
+
+def test_impossible_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="top_k"):
+        frequency_tables(torch.zeros(1, 10, dtype=torch.int64), 10, 16)
+    with pytest.raises(ValueError, match="do not fit"):
+        frequency_tables(torch.zeros(1, 1 << 17, dtype=torch.int64), 1 << 16, 16)
