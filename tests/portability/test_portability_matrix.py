@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.timeout(1800)
 PROBE = Path(__file__).with_name("probe.py")
 CONFIGS = {
     "1 thread, best ISA": {"CASCADE_PROBE_THREADS": "1"},
@@ -31,7 +32,6 @@ def _run(extra: dict[str, str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-@pytest.mark.timeout(1800)
 def results() -> dict[str, dict[str, Any]]:
     return {name: _run(env) for name, env in CONFIGS.items()}
 
