@@ -9,8 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     CASCADE_PORT=8000 \
     CASCADE_HOME=/var/lib/cascade \
     CASCADE_MODEL=/opt/cascade/models/pycoder-23m \
-    HF_HOME=/models/hf-cache \
-    VLLM_BATCH_INVARIANT=1
+    HF_HOME=/models/hf-cache
 
 WORKDIR /opt/cascade
 COPY pyproject.toml README.md ./

@@ -14,15 +14,19 @@ def test_cpu_engines_get_fixed_kv_cache_sizes() -> None:
 
 
 def test_gpu_engines_size_their_kv_cache_from_the_memory_fraction() -> None:
-    settings = Settings(memory_fraction=0.4, codec_memory_fraction=0.1)
+    settings = Settings(memory_fraction=0.4, predict_memory_fraction=0.1)
     main = engine_kwargs(settings, EngineRole.MAIN, cpu=False)
-    codec = engine_kwargs(settings, EngineRole.CODEC, cpu=False)
-    assert "kv_cache_memory_bytes" not in main and "kv_cache_memory_bytes" not in codec
-    assert (main["gpu_memory_utilization"], codec["gpu_memory_utilization"]) == (0.4, 0.1)
+    predict = engine_kwargs(settings, EngineRole.PREDICT, cpu=False)
+    assert "kv_cache_memory_bytes" not in main and "kv_cache_memory_bytes" not in predict
+    assert (main["gpu_memory_utilization"], predict["gpu_memory_utilization"]) == (0.4, 0.1)
 
 
 def test_explicit_kv_cache_sizes_win_on_any_device() -> None:
-    settings = Settings(kv_cache_mib=64, codec_kv_cache_mib=32)
+    settings = Settings(kv_cache_mib=64)
     for cpu in (True, False):
-        assert engine_kwargs(settings, EngineRole.PREDICT, cpu=cpu)["kv_cache_memory_bytes"] == 64 << 20
-        assert engine_kwargs(settings, EngineRole.CODEC, cpu=cpu)["kv_cache_memory_bytes"] == 32 << 20
+        for role in EngineRole:
+            assert engine_kwargs(settings, role, cpu=cpu)["kv_cache_memory_bytes"] == 64 << 20
+
+
+def test_the_codec_runs_on_no_vllm_engine() -> None:
+    assert {role.value for role in EngineRole} == {"main", "predict"}

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from cascade.codec.container import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from cascade.engine.manager import EngineManager
 
 T = TypeVar("T")
+REFERENCE_CONTAINER = Path(__file__).with_name("exact") / "reference.cz"
 SELF_TEST_TEXT = ('import os\n\n\ndef read_config(path):\n    """Read a key=value file into a dict."""\n'
                   "    result = {}\n    with open(path) as handle:\n        for line in handle:\n"
                   "            key, _, value = line.partition('=')\n            result[key.strip()] = value.strip()\n"
@@ -318,9 +320,23 @@ class CodecPipeline:
             decoded = b"".join([data async for _, data in self.decompress(packed(), "selftest", self_test=True)])
             if decoded != SELF_TEST_TEXT.encode():
                 raise IntegrityError("self-test text did not round-trip")
+            self._check_reference(container)
             self.unavailable_reason = None
         except (IntegrityError, ContainerError, RuntimeError) as exc:
             self.unavailable_reason = f"codec disabled: the startup self-test failed ({exc})"
+
+
+    def _check_reference(self, container: bytes) -> None:
+        """Known answer: for the default model, the sample's container must equal, byte for byte, the
+        one the reference machine wrote (``exact/reference.cz``) — a machine whose arithmetic differed
+        would make containers no other machine opens, so its codec stays off."""
+        reference = REFERENCE_CONTAINER.read_bytes()
+        header = ContainerReader().feed(reference)[0]
+        assert isinstance(header, Header)
+        if header.fingerprint == self.engines.fingerprint and header.numerics == self.numerics \
+                and container != reference:
+            raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
+                                 "(the self-test container differs from exact/reference.cz)")
 
 
 async def counted(chunks: AsyncIterator[bytes], stats: CompressStats) -> AsyncIterator[bytes]:

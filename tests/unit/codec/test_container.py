@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
-import time
 import zlib
 
 import pytest
@@ -167,11 +166,9 @@ def test_huge_declared_sizes_fail_before_their_bytes_arrive() -> None:
     head = encode_header(HEADER)
     for payload_len, orig_len in ((2**32 - 1, 0), (0, 2**31)):
         hostile = head + bytes([KIND_CODED]) + varint(1) + varint(orig_len) + varint(payload_len)
-        start = time.monotonic()
         with pytest.raises(ContainerError, match="exceeds the limit") as info:
             ContainerReader().feed(hostile)
         assert info.value.code == "container_too_large"
-        assert time.monotonic() - start < 0.1
 
 
 def test_limits_on_segment_count_and_total_output_are_enforced() -> None:
@@ -237,10 +234,8 @@ def test_valid_prefix_then_random_bytes_only_ever_raises_container_error(cut: in
     data = SAMPLE[:cut] + junk
     if data == SAMPLE:
         return
-    start = time.monotonic()
     with pytest.raises(ContainerError):
         parse_container(data)
-    assert time.monotonic() - start < 0.5
 
 
 @settings(max_examples=200, deadline=None)

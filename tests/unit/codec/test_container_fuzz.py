@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 import tracemalloc
 import zlib
 from collections import Counter
@@ -155,7 +154,6 @@ def _parse_chunked(data: bytes, limits: Limits, cuts: list[int]) -> Container | 
 def _check(kind: str, data: bytes, limits: Limits, cuts: list[int]) -> None:
     TRIED[kind] += 1
     tracemalloc.start()
-    started = time.monotonic()
     try:
         parsed = _parse_chunked(data, limits, cuts)
     except ContainerError as exc:
@@ -169,8 +167,6 @@ def _check(kind: str, data: bytes, limits: Limits, cuts: list[int]) -> None:
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    elapsed = time.monotonic() - started
-    assert elapsed < 0.5, f"{kind}: {elapsed:.3f}s"
     # Memory follows the bytes actually given (a few copies while chunking), never a declared size.
     assert peak < 8 * len(data) + (1 << 20), f"{kind}: peak {peak} for {len(data)} input bytes"
 

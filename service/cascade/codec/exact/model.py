@@ -46,6 +46,7 @@ _FP64_EXACT = 1 << 53
 _QK_BITS = 10
 _V_BITS = 10
 _QUERY_BLOCK = 128
+_MASKED = -float(1 << 60)
 
 
 _RINT_MAGIC = 1.5 * 2.0**52
@@ -56,7 +57,12 @@ def rint(x: torch.Tensor) -> torch.Tensor:
     """Round half to even, as ``torch.round`` but an order of magnitude faster on CPU: adding and
     subtracting 1.5·2**52 leaves the nearest integer (IEEE round-to-nearest-even), exactly, for
     |x| < 2**51; inputs are clamped to ±2**50 first, far beyond any value the model produces."""
-    return x.clamp(-_RINT_LIMIT, _RINT_LIMIT).add_(_RINT_MAGIC).sub_(_RINT_MAGIC)
+    return rint_(x.clamp(-_RINT_LIMIT, _RINT_LIMIT))
+
+
+def rint_(x: torch.Tensor) -> torch.Tensor:
+    """``rint`` in place, for values the caller knows lie within ±2**50."""
+    return x.add_(_RINT_MAGIC).sub_(_RINT_MAGIC)
 
 
 class UnsupportedModelError(ValueError):
@@ -133,7 +139,7 @@ class QuantLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         amax = x.abs().amax(dim=1, keepdim=True)
         step = torch.where(amax > 0, amax, torch.ones_like(amax)) / self.act_max
-        m = rint(x / step).to(self.dtype)
+        m = rint_(x / step).to(self.dtype)  # |x / step| ≤ act_max
         acc: torch.Tensor | None = None
         for (a, b), w in zip(self.pieces, self.weight_t, strict=True):
             part = (m[:, a:b] @ w).to(torch.float64)
@@ -251,14 +257,17 @@ class ExactLlama:
         return rint(v * float(1 << _V_BITS)).clamp_(-self.v_limit, self.v_limit)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, invalid: torch.Tensor | None) -> torch.Tensor:
-        """q (…, Lq, D), k/v (…, Lk, D) fixed-point integers; ``invalid`` (broadcastable to the scores)
-        marks keys a query must not see. Returns (…, Lq, D)."""
+        """q (…, Lq, D), k/v (…, Lk, D) fixed-point integers; ``invalid`` (broadcastable to the scores'
+        last ``invalid.shape[-1]`` keys) marks keys a query must not see. Returns (…, Lq, D).
+
+        Masked scores become −2**60 (below any real score, |score| < 2**53), so their index saturates
+        at the table's last entry, 0."""
         scores = q @ k.transpose(-1, -2)
         if invalid is not None:
-            scores.masked_fill_(invalid, -math.inf)
+            scores[..., -invalid.shape[-1]:].masked_fill_(invalid, _MASKED)
         top = scores.amax(dim=-1, keepdim=True)
         last = float(self.att_exp.shape[0] - 1)
-        index = rint(torch.sub(top, scores, out=scores).mul_(self.score_to_grid)).clamp_(max=last)
+        index = rint_(torch.sub(top, scores, out=scores).mul_(self.score_to_grid).clamp_(max=last))
         p = self.att_exp[index.to(torch.int64)]
         return (p @ v) / (p.sum(dim=-1, keepdim=True) * float(1 << _V_BITS))
 
@@ -268,7 +277,7 @@ class ExactLlama:
         out = torch.empty_like(q)
         for a in range(0, n, _QUERY_BLOCK):
             b = min(n, a + _QUERY_BLOCK)
-            invalid = torch.arange(b)[None, :] > torch.arange(a, b)[:, None]
+            invalid = torch.ones(b - a, b - a, dtype=torch.bool).triu_(1)
             out[:, a:b] = self._attend(q[:, a:b], k[:, :b], v[:, :b], invalid)
         return out
 

@@ -193,45 +193,61 @@ class ExactRunner:
             job.future.set_result(result)
 
     def _encode(self, jobs: list[_EncodeJob]) -> list[EncodedSegment]:
-        sequences = [job.prompt + lane[:-1] for job in jobs for lane in job.lanes]
-        targets = [(len(job.prompt) - 1, lane) for job in jobs for lane in job.lanes]
+        """Every lane of every job through packed prefill passes of at most ``prefill_tokens`` tokens."""
+        lanes = [(job, lane) for job in jobs for lane in job.lanes]
+        columns: list[tuple[list[int], list[int], list[int], list[float]]] = []
+        chunk: list[tuple[_EncodeJob, list[int]]] = []
+        size = 0
+        for job, lane in lanes:
+            if chunk and size + len(job.prompt) + len(lane) > self.prefill_tokens:
+                columns += self._lane_symbols(chunk)
+                chunk, size = [], 0
+            chunk.append((job, lane))
+            size += len(job.prompt) + len(lane)
+        if chunk:
+            columns += self._lane_symbols(chunk)
+        results, index = [], 0
+        for job in jobs:
+            mine = columns[index:index + len(job.lanes)]
+            index += len(job.lanes)
+            symbols = [LaneSymbols(low, freq, rank, self.vocab_size - job.top_k) for low, freq, rank, _ in mine]
+            results.append(EncodedSegment(encode_lanes(symbols, job.precision_bits), sum(len(x) for x in job.lanes),
+                                          sum(sum(bits) for *_, bits in mine)))
+        return results
+
+    def _lane_symbols(self, lanes: list[tuple[_EncodeJob, list[int]]]
+                      ) -> list[tuple[list[int], list[int], list[int], list[float]]]:
+        """One prefill pass: per lane, each token's (low, freq, fallback rank, ideal bits)."""
+        sequences = [job.prompt + lane[:-1] for job, lane in lanes]
         hidden = self.model.prefill(sequences)
         starts = np.cumsum([0] + [len(s) for s in sequences[:-1]])
-        picks = torch.from_numpy(np.concatenate([start + first + np.arange(len(lane))
-                                                 for start, (first, lane) in zip(starts, targets, strict=True)]))
-        wanted = torch.tensor([t for _, lane in targets for t in lane], dtype=torch.int64)
-        hidden = hidden[picks]
-        lows, freqs, ranks, ideal = [], [], [], []
-        row_job = np.repeat(np.arange(len(jobs)), [sum(len(lane) for lane in job.lanes) for job in jobs])
+        picks = np.concatenate([start + len(job.prompt) - 1 + np.arange(len(lane))
+                                for start, (job, lane) in zip(starts, lanes, strict=True)])
+        hidden = hidden[torch.from_numpy(picks)]
+        wanted = torch.tensor([t for _, lane in lanes for t in lane], dtype=torch.int64)
+        row_lane = np.repeat(np.arange(len(lanes)), [len(lane) for _, lane in lanes])
+        row_settings = [(lanes[i][0].top_k, lanes[i][0].precision_bits) for i in row_lane]
+        low_all = torch.zeros(hidden.shape[0], dtype=torch.int64)
+        freq_all = torch.zeros_like(low_all)
+        rank_all = torch.zeros_like(low_all)
+        bits_all = torch.zeros(hidden.shape[0], dtype=torch.float64)
         for a in range(0, hidden.shape[0], _LOGIT_ROWS):
             logits = self.model.logits(hidden[a:a + _LOGIT_ROWS])
             tokens = wanted[a:a + _LOGIT_ROWS]
-            for job_index in np.unique(row_job[a:a + _LOGIT_ROWS]):
-                job = jobs[int(job_index)]
-                mask = torch.from_numpy(row_job[a:a + _LOGIT_ROWS] == job_index)
-                ids, cdf = frequency_tables(logits[mask], job.top_k, job.precision_bits)
-                low, freq, rank = token_intervals(ids, cdf, tokens[mask], self.vocab_size)
-                lows.append(low)
-                freqs.append(freq)
-                ranks.append(rank)
-            ideal.append(ideal_bits(logits, tokens))
-        ideal_all = torch.cat(ideal).tolist()
-        low_all = torch.cat(lows).tolist()
-        freq_all = torch.cat(freqs).tolist()
-        rank_all = torch.cat(ranks).tolist()
-        results = []
-        pos = 0
-        for job in jobs:
-            symbols = []
-            start = pos
-            for lane in job.lanes:
-                n = len(lane)
-                symbols.append(LaneSymbols(low_all[pos:pos + n], freq_all[pos:pos + n], rank_all[pos:pos + n],
-                                           self.vocab_size - job.top_k))
-                pos += n
-            results.append(EncodedSegment(encode_lanes(symbols, job.precision_bits), pos - start,
-                                          sum(ideal_all[start:pos])))
-        return results
+            bits_all[a:a + tokens.shape[0]] = ideal_bits(logits, tokens)
+            here = row_settings[a:a + _LOGIT_ROWS]
+            for top_k, precision in set(here):
+                rows = torch.from_numpy(np.flatnonzero([x == (top_k, precision) for x in here]))
+                ids, cdf = frequency_tables(logits[rows], top_k, precision)
+                low, freq, rank = token_intervals(ids, cdf, tokens[rows], self.vocab_size)
+                low_all[rows + a], freq_all[rows + a], rank_all[rows + a] = low, freq, rank
+        out, start = [], 0
+        lows, freqs, ranks, ideals = low_all.tolist(), freq_all.tolist(), rank_all.tolist(), bits_all.tolist()
+        for _, lane in lanes:
+            end = start + len(lane)
+            out.append((lows[start:end], freqs[start:end], ranks[start:end], ideals[start:end]))
+            start = end
+        return out
 
     def _take_decodes(self) -> list[_DecodeJob]:
         jobs: list[_DecodeJob] = []
