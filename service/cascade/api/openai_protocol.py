@@ -79,6 +79,7 @@ class CodecField(StrictModel):
     data: str | None = None
     tokens: Annotated[int, Field(ge=1)] | None = None
     token_ids: Annotated[list[int], Field(min_length=1)] | None = None
+    numerics: Annotated[str, Field(max_length=64)] | None = None
 
 
 class CompletionRequest(SamplingFields, PredictionFields):

@@ -360,6 +360,9 @@ async def _codec_completion(request: Request, body: CompletionRequest, prompts: 
         return await _respond(request, plan, settings, engines, metrics)
     if codec_field.data is None:
         raise APIError(400, "codec mode 'decode' needs codec.data (base64)", param="codec.data")
+    if codec_field.numerics is not None and codec_field.numerics != codec.numerics:
+        raise APIError(409, f"codec.data was made with numerics {codec_field.numerics!r}; this server computes "
+                            f"{codec.numerics!r}", param="codec.numerics", code="numerics_mismatch")
     try:
         payload = base64.b64decode(codec_field.data, validate=True)
     except (binascii.Error, ValueError):

@@ -11,6 +11,7 @@ damaged segment never poisons the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -138,6 +139,12 @@ class CodecPipeline:
     def separator_id(self) -> int:
         eos = self.tokenizer.eos_token_id
         return 0 if eos is None else int(eos)
+
+    @functools.cache  # noqa: B019 - one pipeline per service, one tokenizer per pipeline
+    def tokens_are_nonempty(self) -> bool:
+        """Whether every token decodes to at least one byte: then a segment cannot hold more tokens
+        than bytes, and a forged token count is refused before any decoding work."""
+        return all(self.decode_tokens([t]) for t in range(len(self.tokenizer)))
 
     def attach(self, runner: ExactRunner, numerics: str) -> None:
         self.runner = runner
@@ -287,6 +294,9 @@ class CodecPipeline:
                 if record.tokens > header.lane_tokens * MAX_LANES:
                     raise ContainerError(f"corrupted container: segment {record.index} declares "
                                          f"{record.tokens} tokens, more than {MAX_LANES} lanes")
+                if self.tokens_are_nonempty() and record.tokens > record.original_length:
+                    raise ContainerError(f"corrupted container: segment {record.index} declares {record.tokens} "
+                                         f"tokens for {record.original_length} bytes")
                 tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
                                                        header.top_k, header.precision_bits)
                 data = self.decode_tokens(tokens).encode("utf-8")

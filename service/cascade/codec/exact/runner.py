@@ -47,7 +47,6 @@ class _EncodeJob:
     top_k: int
     precision_bits: int
     future: Future[EncodedSegment] = field(default_factory=Future)
-    cancelled: bool = False
 
 
 @dataclass
@@ -61,7 +60,6 @@ class _DecodeJob:
     cancelled: bool = False
     decoded: list[list[int]] = field(default_factory=list)
     coder: LaneDecoder | None = None
-    first_row: int = 0
 
 
 class RunnerClosedError(RuntimeError):
@@ -118,7 +116,8 @@ class ExactRunner:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            job.cancelled = True  # a running job cannot be cancelled through its future: the worker polls this
+            if isinstance(job, _DecodeJob):  # a running job cannot be cancelled through its future: the worker
+                job.cancelled = True  # drops the job's rows at its next step
             job.future.cancel()
             raise
 
@@ -256,7 +255,6 @@ class ExactRunner:
             while self._decodes and (not jobs or rows + len(self._decodes[0].lengths) <= self.max_rows):
                 job = self._decodes.popleft()
                 if job.future.set_running_or_notify_cancel():
-                    job.first_row = rows
                     rows += len(job.lengths)
                     jobs.append(job)
         return jobs
