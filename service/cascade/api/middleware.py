@@ -37,6 +37,16 @@ def sanitize_request_id(value: str | None) -> str:
     return uuid.uuid4().hex
 
 
+def request_ids(value: str | None) -> tuple[str, str]:
+    """(the id echoed in ``X-Request-Id`` and logged, the server-unique id engine requests derive from).
+
+    The client's id is never the engine's: retries and proxies reuse trace ids, and engine aborts go
+    by id, so a shared id would let one client's hang-up abort another client's request."""
+    internal = uuid.uuid4().hex
+    echoed = sanitize_request_id(value)
+    return (echoed if value and echoed == value else internal), internal
+
+
 def body_limit_for(path: str, settings: Settings) -> int:
     """Per-route body limits (the codec takes larger bodies than chat)."""
     for prefix, limit in settings.route_body_limits.items():
@@ -76,8 +86,9 @@ class GatewayMiddleware:
             return
         headers = dict(scope["headers"])
         path: str = scope["path"]
-        rid = sanitize_request_id(headers.get(b"x-request-id", b"").decode("latin-1"))
-        scope.setdefault("state", {})["request_id"] = rid
+        rid, internal_id = request_ids(headers.get(b"x-request-id", b"").decode("latin-1"))
+        state = scope.setdefault("state", {})
+        state["request_id"], state["client_request_id"] = internal_id, rid
         started = time.monotonic()
         status_holder: dict[str, Any] = {"status": 500, "started": False}
 
@@ -140,8 +151,8 @@ class GatewayMiddleware:
             status = status_holder["status"]
             self.metrics.requests.labels(route, scope["method"], str(status)).inc()
             self.metrics.latency.labels(route).observe(elapsed)
-            logger.info("request", extra={"request_id": rid, "method": scope["method"], "path": route,
-                                          "status": status, "seconds": round(elapsed, 4)})
+            logger.info("request", extra={"request_id": rid, "internal_id": internal_id, "method": scope["method"],
+                                          "path": route, "status": status, "seconds": round(elapsed, 4)})
 
 
 _KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/kcbs", "/compress",
