@@ -94,7 +94,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(kcbs_routes.router)
     app.include_router(codec_routes.router)
-    app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
+    app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics,
+                       engine_dead=lambda: any(engine.errored for engine in engines.engines.values()))
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
