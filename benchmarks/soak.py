@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import socket
 import sys
@@ -33,7 +32,7 @@ from urllib.parse import urlparse
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load import MIX, MODEL, REPO, Load, Stats, _children, loopback_only, rss_mib
+from load import MIX, REPO, Load, Stats, _children, loopback_only, rss_mib, server_arguments
 
 SURROGATE = "\ud800"
 ABANDON_WEIGHT = 2
@@ -245,11 +244,7 @@ def plot(samples: list[tuple[float, dict[str, float], int]], path: Path) -> None
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", help="a running service (loopback only); default: start one")
-    parser.add_argument("--api-key", default=os.environ.get("CASCADE_API_KEY"))
-    parser.add_argument("--server-pid", type=int, help="the service's pid, for RSS (with --server)")
-    parser.add_argument("--model", default=MODEL)
+    parser = server_arguments(__doc__)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--sample-seconds", type=float, default=60.0)

@@ -111,9 +111,11 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(10.0, gt=0, description="Time a client has to send a request's "
                                           "headers (408, connection closed).")
     body_timeout_seconds: float = Field(
-        60.0, gt=0, description="Total time a request may spend waiting for its body to arrive (408). Slow "
-        "senders hold an admission slot while they trickle."
+        60.0, gt=0, description="Total time a request may spend waiting for its body to arrive (408), plus one "
+        "second per body_min_rate_bytes received. Slow senders hold an admission slot while they trickle."
     )
+    body_min_rate_bytes: int = Field(16384, ge=1, description="Upload rate (bytes/s) that extends "
+                                     "body_timeout_seconds, so large uploads over slow links still complete.")
     request_timeout_seconds: float | None = Field(
         600.0, gt=0, description="Deadline of a /v1 request, body to last byte (504; a stream ends with an error "
         "event). Off when empty."

@@ -214,3 +214,17 @@ def test_stream_past_its_deadline_ends_with_an_error_event(server: tuple[str, in
         lines = [line for line in r.iter_lines() if line]
     assert r.status_code == 200
     assert '"status": 504' in lines[-2] and lines[-1] == "data: [DONE]", lines
+
+
+def test_a_slow_but_steady_upload_outlasts_the_body_timeout(server: tuple[str, int, FastAPI]) -> None:
+    """Each byte received extends the budget (body_min_rate_bytes): 160 KB over 1.6 s passes a 1 s timeout."""
+    host, port, _ = server
+    payload = b'{"a": "' + b"x" * (160_000 - 9) + b'"}'
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(payload))
+        for start in range(0, len(payload), 20_000):
+            sock.sendall(payload[start:start + 20_000])
+            time.sleep(0.2)
+        reply = _read_reply(sock)
+    assert _status(reply) == 200, reply[:300]

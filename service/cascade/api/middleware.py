@@ -34,14 +34,16 @@ class BodyRefusedError(Exception):
 
 class BodyReader:
     """The app's ``receive``, counting body bytes against the route's limit (413) and the time spent
-    waiting for them against ``timeout`` (408): a client trickling its body holds an admission slot,
-    so the wait is bounded in total, not per chunk. Once the body is complete, ``receive`` only
-    reports the disconnect and is no longer timed."""
+    waiting for them against a budget (408): a client trickling its body holds an admission slot, so
+    the wait is bounded in total, not per chunk. The budget is ``timeout`` plus one second per
+    ``min_rate`` bytes received, so a large upload over a slow but honest link still completes.
+    Once the body is complete, ``receive`` only reports the disconnect and is no longer timed."""
 
-    def __init__(self, receive: Receive, limit: int, timeout: float) -> None:
+    def __init__(self, receive: Receive, limit: int, timeout: float, min_rate: float) -> None:
         self._receive = receive
         self.limit = limit
         self.timeout = timeout
+        self.min_rate = min_rate
         self.received = 0
         self.waited = 0.0
         self.complete = False
@@ -51,10 +53,12 @@ class BodyReader:
         if self.complete:
             return await self._receive()
         started = time.monotonic()
+        budget = self.timeout + self.received / self.min_rate
         try:
-            message = await asyncio.wait_for(self._receive(), max(self.timeout - self.waited, 0.0))
+            message = await asyncio.wait_for(self._receive(), max(budget - self.waited, 0.0))
         except TimeoutError:
-            self.refused = (408, f"The request body did not arrive within {self.timeout:g} s", "body_timeout")
+            self.refused = (408, f"The request body did not arrive in time ({self.received} bytes in {budget:.0f} s; "
+                                 "body_timeout_seconds)", "body_timeout")
             raise BodyRefusedError from None
         self.waited += time.monotonic() - started
         if message["type"] == "http.request":
@@ -185,7 +189,7 @@ class GatewayMiddleware:
                 await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
                                   code="overloaded", headers={"Retry-After": "1"})
                 return
-            body = BodyReader(receive, limit, self.settings.body_timeout_seconds)
+            body = BodyReader(receive, limit, self.settings.body_timeout_seconds, self.settings.body_min_rate_bytes)
             deadline = self.settings.request_timeout_seconds if path.startswith("/v1/") else None
             self.inflight += 1
             self.metrics.inflight.inc()
