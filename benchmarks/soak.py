@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import socket
@@ -39,8 +40,15 @@ ABANDON_WEIGHT = 2
 HOSTILE_SHARE = 0.1
 
 
-def hostile_requests(model: str) -> list[tuple[str, str, dict[str, Any] | bytes]]:
-    """(name, path, JSON body or raw body): each must be refused with a 4xx, quickly."""
+@functools.cache
+def hostile_requests(model: str) -> list[tuple[str, str, bytes]]:
+    """(name, path, raw JSON body): each must be refused with a 4xx, quickly. Built once: some are
+    megabytes, and lone surrogates need ``json.dumps``'s ASCII escapes."""
+    return [(name, path, body if isinstance(body, bytes) else json.dumps(body).encode())
+            for name, path, body in _hostile_bodies(model)]
+
+
+def _hostile_bodies(model: str) -> list[tuple[str, str, dict[str, Any] | bytes]]:
     chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     kcbs = {"model": model, "prompt": "import os\n", "beam_width": 2, "steps": 2}
     return [
@@ -72,8 +80,7 @@ class Hostile:
 
 
 async def send_hostile(client: httpx.AsyncClient, rng: random.Random, model: str, record: Hostile) -> None:
-    name, path, body = rng.choice(hostile_requests(model))
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    name, path, content = rng.choice(hostile_requests(model))
     record.sent += 1
     try:
         r = await client.post(path, content=content, headers={"content-type": "application/json"})
@@ -119,15 +126,19 @@ async def abandon_stream(client: httpx.AsyncClient, rng: random.Random, model: s
 
 
 def memory_sample(pid: int) -> dict[str, float]:
-    """RSS in MiB: the gateway, and each engine-core process (vLLM names them ``VLLM::EngineCore``)."""
+    """RSS in MiB: the gateway, and each vLLM process under it (per engine an ``EngineCore`` and its
+    ``Worker``; numbered in pid order, i.e. start order)."""
     sample = {"gateway": rss_mib(pid)}
-    for index, child in enumerate(sorted(_children(pid))):
+    counts: dict[str, int] = {}
+    for child in sorted(_children(pid)):
         try:
             name = Path(f"/proc/{child}/comm").read_text().strip()
         except OSError:
             continue
-        if "Engine" in name or "VLLM" in name:
-            sample[f"engine {index}"] = rss_mib(child)
+        if name.startswith("VLLM::"):
+            kind = "worker" if "Worker" in name else "engine core"
+            counts[kind] = counts.get(kind, 0) + 1
+            sample[f"{kind} {counts[kind]}"] = rss_mib(child)
     return sample
 
 
