@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_json: bool = Field(True, description="Structured JSON log lines.")
     watchdog_seconds: float = Field(2.0, gt=0, description="How often engine liveness is checked.")
+    engine_stall_seconds: float | None = Field(
+        120.0, gt=0, description="An engine that answers no state query for this long is hung: the service "
+        "exits 1 like on an engine death. Off when empty."
+    )
     drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, wait this long for in-flight requests.")
     # limits
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
