@@ -377,12 +377,18 @@ async def main_async(args: argparse.Namespace, url: str, key: str | None, pid: i
     return exit_code
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def server_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the flags every soak/load script takes: which service, its key and pid, the model."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", help="a running service (loopback only); default: start one")
     parser.add_argument("--api-key", default=os.environ.get("CASCADE_API_KEY"))
     parser.add_argument("--server-pid", type=int, help="the service's pid, for RSS (with --server)")
     parser.add_argument("--model", default=MODEL)
+    return parser
+
+
+def main() -> int:
+    parser = server_arguments(__doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--duration", type=float, default=90.0, help="seconds per level (bound 1)")
     parser.add_argument("--max-requests", type=int, default=20000, help="requests per level (bound 2)")

@@ -50,6 +50,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 fail_fast(engines.not_ready_reason())
                 return
 
+    async def stall_watch(stall: float) -> None:
+        """A hung engine (alive, answering nothing) is as bad as a dead one but never sets ``errored``.
+        Engines answer a state query between two steps, so no answer within ``stall`` seconds means
+        no step finished in that time."""
+        while True:
+            await asyncio.sleep(max(settings.watchdog_seconds, stall / 4))
+            try:
+                await engines.live_state(timeout=stall)
+            except TimeoutError:
+                fail_fast(f"an engine answered no liveness query within {stall:g} s (engine_stall_seconds): "
+                          "it stopped making progress")
+                return
+            except Exception:  # a dead engine is the watchdog's to report
+                continue
+
     async def start_all() -> None:
         try:
             await engines.start()
@@ -57,6 +72,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             fail_fast(engines.not_ready_reason())
             return
         app.state.watchdog = asyncio.create_task(watchdog())
+        if settings.engine_stall_seconds:
+            app.state.stall_watch = asyncio.create_task(stall_watch(settings.engine_stall_seconds))
         if settings.enable_codec:
             await start_codec()
         app.state.started.set()
@@ -91,9 +108,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if not start.done():
                 start.cancel()
             await asyncio.gather(start, return_exceptions=True)
-            watch = getattr(app.state, "watchdog", None)
-            if watch is not None:
-                watch.cancel()
+            for name in ("watchdog", "stall_watch"):
+                watch = getattr(app.state, name, None)
+                if watch is not None:
+                    watch.cancel()
             if codec.runner is not None:
                 await asyncio.to_thread(codec.runner.close)
             await asyncio.to_thread(engines.shutdown)
@@ -111,7 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(kcbs_routes.router)
     app.include_router(codec_routes.router)
-    app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics)
+    app.add_middleware(GatewayMiddleware, settings=settings, metrics=metrics,
+                       engine_dead=lambda: any(engine.errored for engine in engines.engines.values()))
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])

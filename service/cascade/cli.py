@@ -29,14 +29,17 @@ def serve(argv: list[str]) -> int:
                     captured.clear()
 
     from cascade.app import create_app
+    from cascade.http_protocol import HeaderLimits, limited_protocol
     from cascade.logging_setup import configure_logging
     from cascade.settings import load_settings
 
     settings = load_settings(argv)
     configure_logging(settings.log_level, settings.log_json)
     app = create_app(settings)
+    limits = HeaderLimits(settings.max_header_bytes, settings.max_headers, settings.header_timeout_seconds)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=int(settings.drain_seconds), access_log=False)
+                            timeout_graceful_shutdown=int(settings.drain_seconds), access_log=False,
+                            http=limited_protocol(limits))
     server = GracefulServer(config)
     server.run()
     return int(getattr(app.state, "exit_code", 0))
@@ -81,6 +84,18 @@ LIMITS = [
     ("codec_lanes", "default lanes per segment (a request's lanes, 1…64)", "400, param `lanes`"),
     ("codec_top_k", "default codec top-k (a request's top_k ≤ 1024 and < vocabulary)", "400, param `top_k`"),
     ("max_export_top_k", "top-k export's compression_top_k", "400"),
+    ("max_export_values", "top-k export's positions × compression_top_k, summed over prompts",
+     "400, param `compression_top_k`"),
+    ("max_kcbs_rows", "k-CBS beam_width × steps (engine rows per search)", "400, param `steps`"),
+    ("max_bad_words", "bad_words entries", "400, param `bad_words`"),
+    ("max_word_chars", "characters of one stop string or bad word", "400, param `stop` / `bad_words`"),
+    ("max_tokenize_chars", "/v1/tokenize text", "400, param `prompt`"),
+    ("max_header_bytes", "total size of a request's headers", "431, connection closed"),
+    ("max_headers", "header lines of a request", "431, connection closed"),
+    ("header_timeout_seconds", "time to send the headers", "408, connection closed"),
+    ("body_timeout_seconds", "total time spent waiting for the body", "408 `body_timeout`"),
+    ("request_timeout_seconds", "a /v1 request from start to last byte", "504 `deadline_exceeded` (stream: "
+     "error event with status 504)"),
     ("max_concurrent_requests", "requests in flight (/v1/*, /compress, /decompress)",
      "429 `overloaded` + `Retry-After`"),
 ]

@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_json: bool = Field(True, description="Structured JSON log lines.")
     watchdog_seconds: float = Field(2.0, gt=0, description="How often engine liveness is checked.")
+    engine_stall_seconds: float | None = Field(
+        120.0, gt=0, description="An engine that answers no state query for this long is hung: the service "
+        "exits 1 like on an engine death. Off when empty."
+    )
     drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, wait this long for in-flight requests.")
     # limits
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body accepted.")
@@ -96,6 +100,32 @@ class Settings(BaseSettings):
     max_stop_sequences: int = Field(8, ge=0, description="Largest number of stop strings.")
     max_top_logprobs: int = Field(20, ge=0, description="Largest top_logprobs / logprobs.")
     max_export_top_k: int = Field(1024, ge=1, le=65536, description="Largest compression_top_k of a top-k export.")
+    max_export_values: int = Field(
+        1 << 21, ge=1, description="Largest positions × compression_top_k of one export request (its response "
+        "size and engine work grow with it)."
+    )
+    max_kcbs_rows: int = Field(
+        2048, ge=1, description="Largest beam_width × steps of one k-CBS search (the engine rows it evaluates)."
+    )
+    max_bad_words: int = Field(64, ge=0, description="Largest number of bad_words.")
+    max_word_chars: int = Field(256, ge=1, description="Longest stop string or bad word, in characters.")
+    max_tokenize_chars: int = Field(
+        1 << 20, ge=1, description="Longest /v1/tokenize text, in characters (tokenising is CPU work in the gateway)."
+    )
+    max_header_bytes: int = Field(65536, ge=1024, description="Largest total size of a request's headers (431).")
+    max_headers: int = Field(100, ge=8, description="Most header lines a request may send (431).")
+    header_timeout_seconds: float = Field(10.0, gt=0, description="Time a client has to send a request's "
+                                          "headers (408, connection closed).")
+    body_timeout_seconds: float = Field(
+        60.0, gt=0, description="Total time a request may spend waiting for its body to arrive (408), plus one "
+        "second per body_min_rate_bytes received. Slow senders hold an admission slot while they trickle."
+    )
+    body_min_rate_bytes: int = Field(16384, ge=1, description="Upload rate (bytes/s) that extends "
+                                     "body_timeout_seconds, so large uploads over slow links still complete.")
+    request_timeout_seconds: float | None = Field(
+        600.0, gt=0, description="Deadline of a /v1 request, body to last byte (504; a stream ends with an error "
+        "event). Off when empty."
+    )
 
     @model_validator(mode="after")
     def _default_served_name(self) -> Settings:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cascade.api.middleware import sanitize_request_id
+from cascade.api.middleware import request_ids, sanitize_request_id
 from cascade.settings import Settings, load_settings
 
 
@@ -27,3 +27,13 @@ def test_unsafe_request_ids_are_replaced(value: str | None) -> None:
 
 def test_safe_request_ids_are_kept() -> None:
     assert sanitize_request_id("req-42_a.b") == "req-42_a.b"
+
+
+@pytest.mark.parametrize("value", ["trace-1", "../bad", None])
+def test_engine_ids_are_server_unique_whatever_the_client_sends(value: str | None) -> None:
+    (echo_a, internal_a), (echo_b, internal_b) = request_ids(value), request_ids(value)
+    assert internal_a != internal_b and value not in (internal_a, internal_b)
+    if value == "trace-1":
+        assert echo_a == echo_b == value
+    else:
+        assert (echo_a, echo_b) == (internal_a, internal_b)

@@ -25,6 +25,7 @@ def get_metrics(request: Request) -> Metrics:
 
 
 def request_id(request: Request) -> str:
-    """The id the middleware gave this request (also in logs and the ``X-Request-Id`` header)."""
+    """This request's server-unique id (engine request ids and response ids derive from it; logged as
+    ``internal_id``). The client's ``X-Request-Id`` is only echoed and logged, never used here."""
     rid: str = request.state.request_id
     return rid

@@ -20,14 +20,18 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
+MAX_MESSAGE_CHARS = 500
 
 
 class APIError(Exception):
@@ -44,7 +48,11 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """The JSON body OpenAI clients parse into typed exceptions."""
+    """The JSON body OpenAI clients parse into typed exceptions. Messages may echo input: they are
+    cut to ``MAX_MESSAGE_CHARS`` and made encodable (a lone surrogate must not fail the reply)."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "… (truncated)"
+    message = message.encode("utf-8", "replace").decode("utf-8")
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
                       "param": param, "code": code}}
 
@@ -69,9 +77,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def is_engine_failure(exc: BaseException) -> bool:
-    """vLLM's engine-died / generate-failed errors (checked by name: no vLLM import here)."""
+    """vLLM's engine-died error (checked by name: no vLLM import here). Its ``EngineGenerateError``
+    also wraps failures of one request (a parameter the engine could not serialise), so alone it
+    proves no death: only a dead engine may tell clients the service is restarting."""
     names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"EngineDeadError", "EngineGenerateError"})
+    return "EngineDeadError" in names
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -95,10 +105,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _not_ready(_: Request, exc: EngineNotReadyError) -> JSONResponse:
         return error_response(APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"}))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if is_engine_failure(exc):
-            return error_response(APIError(503, "The engine failed while serving this request; the service is "
-                                                "restarting", code="engine_unavailable", headers={"Retry-After": "10"}))
-        logger.exception("unhandled error", extra={"path": request.url.path})
-        return error_response(APIError(500, "Internal server error", code="internal_error"))
+
+def unexpected_error(exc: Exception, engine_dead: bool) -> APIError:
+    """What an exception no handler took becomes; the gateway middleware answers it, so it gets the
+    request id, is counted under its real status and leaves a keep-alive connection open (Starlette's
+    catch-all ``Exception`` handler runs outside every middleware and closes the connection)."""
+    if is_engine_failure(exc) or engine_dead:
+        return APIError(503, "The engine failed while serving this request; the service is restarting",
+                        code="engine_unavailable", headers={"Retry-After": "10"})
+    return APIError(500, "Internal server error", code="internal_error")

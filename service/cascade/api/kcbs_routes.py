@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
+from cascade.api.input_bounds import check_fits, tokenize
 from cascade.api.openai_protocol import ChatMessage, StrictModel
 from cascade.api.openai_routes import chat_prompt_from_messages, completion_prompts
 from cascade.api.sampling import check_model
@@ -34,7 +35,7 @@ class KcbsRequest(StrictModel):
     steps: Annotated[int, Field(ge=1)]
     final_prune: bool = True
     eos: Literal["block", "stop"] = "block"
-    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    temperature: Annotated[float, Field(ge=0.01, le=10.0)] = 1.0  # lower, logprob / temperature overflows
     target: str | list[int] | None = None
     max_edit_distance: Annotated[int, Field(ge=0)] = 0
     include_token_ids: bool = True
@@ -60,7 +61,9 @@ async def _target_ids(body: KcbsRequest, engines: EngineManager) -> list[int] | 
         return None
     if isinstance(body.target, list):
         return body.target
-    return list(engines.tokenizer.encode(body.target, add_special_tokens=False))
+    check_fits(len(body.target), body.steps + body.max_edit_distance, engines.tokenizer, "target",
+               "a match (steps + max_edit_distance)")
+    return await tokenize(engines.tokenizer, body.target)
 
 
 def _result(body: KcbsRequest, search: KcbsSearch, rid: str, settings: Settings, engines: EngineManager,
@@ -87,10 +90,10 @@ async def kcbs(body: KcbsRequest, request: Request, settings: Settings = Depends
     check_model(body.model, settings)
     engines.engine()
     if body.prompt is not None:
-        prompt = (await completion_prompts(engines, body.prompt))[0]
+        prompt = (await completion_prompts(engines, body.prompt, settings.max_model_len))[0]
     else:
         assert body.messages is not None
-        prompt = await chat_prompt_from_messages(engines, body.messages)
+        prompt = await chat_prompt_from_messages(engines, body.messages, settings.max_model_len)
     room = settings.max_model_len - len(prompt)
     if room < 1:
         raise APIError(400, f"prompt has {len(prompt)} tokens; the context is {settings.max_model_len}",
@@ -102,6 +105,9 @@ async def kcbs(body: KcbsRequest, request: Request, settings: Settings = Depends
         raise APIError(400, f"steps may be at most {settings.max_kcbs_steps}", param="steps")
     if body.beam_width ** 2 > settings.max_kcbs_candidates:
         raise APIError(400, f"beam_width² may be at most {settings.max_kcbs_candidates}", param="beam_width")
+    if body.beam_width * body.steps > settings.max_kcbs_rows:
+        raise APIError(400, f"beam_width × steps may be at most {settings.max_kcbs_rows} (max_kcbs_rows): the "
+                            "engine evaluates that many rows", param="steps")
     if body.target is not None and body.max_edit_distance > body.steps:
         raise APIError(400, f"max_edit_distance may be at most steps ({body.steps})", param="max_edit_distance")
     target = await _target_ids(body, engines)

@@ -6,6 +6,7 @@ untouched: a dropped SSE client must cancel the handler, which aborts the engine
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -13,11 +14,12 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cascade.api.errors import error_body
+from cascade.api.errors import error_body, unexpected_error
 from cascade.metrics import Metrics
 from cascade.settings import Settings
 
@@ -26,8 +28,48 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _OPEN_PATHS = frozenset({"/health"})
 
 
-class BodyTooLargeError(Exception):
-    """The request body passed the configured limit while being read."""
+class BodyRefusedError(Exception):
+    """The request body passed its size limit or took too long to arrive."""
+
+
+class BodyReader:
+    """The app's ``receive``, counting body bytes against the route's limit (413) and the time spent
+    waiting for them against a budget (408): a client trickling its body holds an admission slot, so
+    the wait is bounded in total, not per chunk. The budget is ``timeout`` plus one second per
+    ``min_rate`` bytes received, so a large upload over a slow but honest link still completes.
+    Once the body is complete, ``receive`` only reports the disconnect and is no longer timed."""
+
+    def __init__(self, receive: Receive, limit: int, timeout: float, min_rate: float) -> None:
+        self._receive = receive
+        self.limit = limit
+        self.timeout = timeout
+        self.min_rate = min_rate
+        self.received = 0
+        self.waited = 0.0
+        self.complete = False
+        self.refused: tuple[int, str, str] | None = None
+
+    async def receive(self) -> Message:
+        if self.complete:
+            return await self._receive()
+        started = time.monotonic()
+        budget = self.timeout + self.received / self.min_rate
+        try:
+            message = await asyncio.wait_for(self._receive(), max(budget - self.waited, 0.0))
+        except TimeoutError:
+            self.refused = (408, f"The request body did not arrive in time ({self.received} bytes in {budget:.0f} s; "
+                                 "body_timeout_seconds)", "body_timeout")
+            raise BodyRefusedError from None
+        self.waited += time.monotonic() - started
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.complete = not message.get("more_body", False)
+            if self.received > self.limit:
+                self.refused = (413, f"Request body is larger than the limit of {self.limit} bytes", "body_too_large")
+                raise BodyRefusedError
+        else:
+            self.complete = True
+        return message
 
 
 def sanitize_request_id(value: str | None) -> str:
@@ -35,6 +77,16 @@ def sanitize_request_id(value: str | None) -> str:
     if value and _SAFE_ID.match(value) and not value.startswith("."):
         return value
     return uuid.uuid4().hex
+
+
+def request_ids(value: str | None) -> tuple[str, str]:
+    """(the id echoed in ``X-Request-Id`` and logged, the server-unique id engine requests derive from).
+
+    The client's id is never the engine's: retries and proxies reuse trace ids, and engine aborts go
+    by id, so a shared id would let one client's hang-up abort another client's request."""
+    internal = uuid.uuid4().hex
+    echoed = sanitize_request_id(value)
+    return (echoed if value and echoed == value else internal), internal
 
 
 def body_limit_for(path: str, settings: Settings) -> int:
@@ -48,10 +100,12 @@ def body_limit_for(path: str, settings: Settings) -> int:
 class GatewayMiddleware:
     """Request id, Bearer auth, body-size limit, in-flight cap (429), metrics and an access log."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics,
+                 engine_dead: Callable[[], bool] = lambda: False) -> None:
         self.app = app
         self.settings = settings
         self.metrics = metrics
+        self.engine_dead = engine_dead
         self.inflight = 0
         self._key = settings.api_key.get_secret_value().encode() if settings.api_key else None
 
@@ -62,6 +116,26 @@ class GatewayMiddleware:
         raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body})
+
+    async def _unexpected(self, send: Send, exc: Exception, path: str, rid: str) -> None:
+        error = unexpected_error(exc, self.engine_dead())
+        if error.status == 500:
+            logger.error("unhandled error", exc_info=exc, extra={"path": path, "request_id": rid})
+        await self._reply(send, error.status, error.message, code=error.code, headers=error.headers)
+
+    async def _deadline_passed(self, send: Send, status: dict[str, Any], deadline: float | None) -> None:
+        """``request_timeout_seconds`` passed (the handler was cancelled, aborting its engine requests):
+        504 when nothing was sent yet, an error event closing an event stream, else a cut-off body."""
+        message = f"The request did not complete within its deadline of {deadline:g} s (request_timeout_seconds)"
+        if not status["started"]:
+            await self._reply(send, 504, message, code="deadline_exceeded")
+            return
+        if not status.get("sse"):
+            raise TimeoutError(message)
+        payload = error_body(504, message, code="deadline_exceeded")
+        payload["error"]["status"] = 504
+        event = b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": event, "more_body": False})
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         if self._key is None:
@@ -76,8 +150,9 @@ class GatewayMiddleware:
             return
         headers = dict(scope["headers"])
         path: str = scope["path"]
-        rid = sanitize_request_id(headers.get(b"x-request-id", b"").decode("latin-1"))
-        scope.setdefault("state", {})["request_id"] = rid
+        rid, internal_id = request_ids(headers.get(b"x-request-id", b"").decode("latin-1"))
+        state = scope.setdefault("state", {})
+        state["request_id"], state["client_request_id"] = internal_id, rid
         started = time.monotonic()
         status_holder: dict[str, Any] = {"status": 500, "started": False}
 
@@ -85,13 +160,15 @@ class GatewayMiddleware:
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
                 status_holder["started"] = True
+                status_holder["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                           for k, v in message.get("headers", []))
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
 
         async def app_send(message: Message) -> None:
             # A handler that caught the body-limit error while parsing (FastAPI turns it into "error
-            # parsing the body", 400) must not answer: the client gets the 413 below instead.
-            if status_holder.get("too_large") and not status_holder["started"]:
+            # parsing the body", 400) must not answer: the client gets the 413 / 408 below instead.
+            if body.refused is not None and not status_holder["started"]:
                 return
             await send_wrapper(message)
 
@@ -112,26 +189,25 @@ class GatewayMiddleware:
                 await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
                                   code="overloaded", headers={"Retry-After": "1"})
                 return
-            received = 0
-
-            async def limited_receive() -> Message:
-                nonlocal received
-                message = await receive()
-                if message["type"] == "http.request":
-                    received += len(message.get("body", b""))
-                    if received > limit:
-                        status_holder["too_large"] = True
-                        raise BodyTooLargeError
-                return message
-
+            body = BodyReader(receive, limit, self.settings.body_timeout_seconds, self.settings.body_min_rate_bytes)
+            deadline = self.settings.request_timeout_seconds if path.startswith("/v1/") else None
             self.inflight += 1
             self.metrics.inflight.inc()
             try:
-                with contextlib.suppress(BodyTooLargeError):
-                    await self.app(scope, limited_receive, app_send)
-                if status_holder.get("too_large") and not status_holder["started"]:
-                    await self._reply(send_wrapper, 413, f"Request body is larger than the limit of {limit} bytes",
-                                      code="body_too_large")
+                timer = asyncio.timeout(deadline)
+                try:
+                    async with timer:
+                        with contextlib.suppress(BodyRefusedError):
+                            await self.app(scope, body.receive, app_send)
+                except Exception as exc:
+                    if isinstance(exc, TimeoutError) and timer.expired():
+                        await self._deadline_passed(send_wrapper, status_holder, deadline)
+                    elif status_holder["started"]:
+                        raise
+                    else:
+                        await self._unexpected(send_wrapper, exc, path, rid)
+                if body.refused is not None and not status_holder["started"]:
+                    await self._reply(send_wrapper, *body.refused)
             finally:
                 self.inflight -= 1
                 self.metrics.inflight.dec()
@@ -140,11 +216,11 @@ class GatewayMiddleware:
             status = status_holder["status"]
             self.metrics.requests.labels(route, scope["method"], str(status)).inc()
             self.metrics.latency.labels(route).observe(elapsed)
-            logger.info("request", extra={"request_id": rid, "method": scope["method"], "path": route,
-                                          "status": status, "seconds": round(elapsed, 4)})
+            logger.info("request", extra={"request_id": rid, "internal_id": internal_id, "method": scope["method"],
+                                          "path": route, "status": status, "seconds": round(elapsed, 4)})
 
 
-_KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/kcbs", "/compress",
+_KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/kcbs", "/v1/tokenize", "/compress",
                  "/decompress", "/health", "/ready", "/metrics", "/ops/live-state")
 
 

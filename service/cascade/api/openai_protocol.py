@@ -7,10 +7,39 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+def has_lone_surrogate(value: object) -> bool:
+    """True when a string anywhere in ``value`` (keys too) holds a lone UTF-16 surrogate: valid JSON
+    (``"\\ud800"``) that no tokenizer, engine or UTF-8 reply can encode. Iterative: nesting depth
+    costs no recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 class StrictModel(BaseModel):
-    """Rejects unknown fields: a typo must not silently change what the user asked for."""
+    """Rejects unknown fields (a typo must not silently change what the user asked for) and text
+    that is not valid Unicode (a 400 naming the field, not a 500 deep in the tokenizer)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: object) -> object:
+        if has_lone_surrogate(value):
+            raise ValueError("text must be valid Unicode: a lone surrogate such as \\ud800 cannot be encoded")
+        return value
 
 
 class StreamOptions(StrictModel):

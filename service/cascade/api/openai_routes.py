@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
+from cascade.api.input_bounds import check_fits, check_words
+from cascade.api.input_bounds import tokenize as tokenize_text
 from cascade.api.openai_protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -226,15 +228,6 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
     yield SSE_DONE
 
 
-async def _tokenize(engines: EngineManager, text: str) -> list[int]:
-    tokenizer = engines.tokenizer
-    if len(text) > 10_000:
-        ids = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
-    else:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    return list(ids)
-
-
 def _check_token_ids(ids: list[int], vocab_size: int) -> list[int]:
     if not ids:
         raise APIError(400, "prompt must not be empty", param="prompt")
@@ -243,11 +236,17 @@ def _check_token_ids(ids: list[int], vocab_size: int) -> list[int]:
     return ids
 
 
-async def completion_prompts(engines: EngineManager, value: str | list[Any]) -> list[list[int]]:
-    """Every accepted prompt form (text, texts, ids, lists of ids) as token id lists."""
+async def _prompt_ids(engines: EngineManager, text: str, max_len: int) -> list[int]:
+    check_fits(len(text), max_len, engines.tokenizer, "prompt")
+    return _check_token_ids(await tokenize_text(engines.tokenizer, text), len(engines.tokenizer))
+
+
+async def completion_prompts(engines: EngineManager, value: str | list[Any], max_len: int) -> list[list[int]]:
+    """Every accepted prompt form (text, texts, ids, lists of ids) as token id lists; text that cannot
+    fit in ``max_len`` tokens is refused before it is tokenised."""
     vocab = len(engines.tokenizer)
     if isinstance(value, str):
-        return [_check_token_ids(await _tokenize(engines, value), vocab)]
+        return [await _prompt_ids(engines, value, max_len)]
     if not value:
         raise APIError(400, "prompt must not be empty", param="prompt")
     if all(isinstance(v, int) for v in value):
@@ -256,20 +255,22 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any]) -> 
         raise APIError(400, "at most 64 prompts per request", param="prompt")
     out = []
     for item in value:
-        ids = await _tokenize(engines, item) if isinstance(item, str) else list(item)
-        out.append(_check_token_ids(ids, vocab))
+        out.append(await _prompt_ids(engines, item, max_len) if isinstance(item, str)
+                   else _check_token_ids(list(item), vocab))
     return out
 
 
-async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage]) -> list[int]:
-    """Render messages with the model's chat template, then tokenise."""
+async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int) -> list[int]:
+    """Render messages with the model's chat template, then tokenise (refused first when the
+    messages alone cannot fit in ``max_len`` tokens)."""
     messages = [{"role": m.role, "content": m.text()} for m in chat]
+    check_fits(sum(len(m["content"]) for m in messages), max_len, engines.tokenizer, "messages")
     try:
         text = engines.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as exc:
         raise APIError(400, f"messages could not be rendered with the model's chat template: {exc}",
                        param="messages") from None
-    return _check_token_ids(await _tokenize(engines, str(text)), len(engines.tokenizer))
+    return _check_token_ids(await tokenize_text(engines.tokenizer, str(text)), len(engines.tokenizer))
 
 
 def _stream_flags(request: SamplingFields) -> tuple[bool, bool]:
@@ -290,10 +291,10 @@ async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_setti
                    engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
     check_model(body.model, settings)
     engines.engine()
-    if body.add_special_tokens:
-        ids = list(await asyncio.to_thread(engines.tokenizer.encode, body.prompt, add_special_tokens=True))
-    else:
-        ids = await _tokenize(engines, body.prompt)
+    if len(body.prompt) > settings.max_tokenize_chars:
+        raise APIError(400, f"prompt may be at most {settings.max_tokenize_chars} characters (max_tokenize_chars); "
+                            "split longer text", param="prompt")
+    ids = await tokenize_text(engines.tokenizer, body.prompt, body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
 
 
@@ -303,8 +304,9 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                       metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
     check_model(body.model, settings)
     unsupported_fields(body)
+    check_words(body, settings)
     engines.engine()
-    prompts = await completion_prompts(engines, body.prompt)
+    prompts = await completion_prompts(engines, body.prompt, settings.max_model_len)
     if body.compression:
         return await export_completion(request, body, prompts, settings, engines, metrics)
     if body.max_tokens == 0:
@@ -438,8 +440,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                            metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
     check_model(body.model, settings)
     unsupported_fields(body)
+    check_words(body, settings)
     engines.engine()
-    prompt = await chat_prompt_from_messages(engines, body.messages)
+    prompt = await chat_prompt_from_messages(engines, body.messages, settings.max_model_len)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param)
     top = (body.top_logprobs or 0) if body.logprobs else None

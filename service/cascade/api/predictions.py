@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cascade.api.errors import APIError
+from cascade.api.input_bounds import check_fits, tokenize
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest
 from cascade.engine.manager import EngineManager
 from cascade.settings import Settings
@@ -58,10 +59,9 @@ async def prediction_args(body: ChatCompletionRequest | CompletionRequest, engin
             raise APIError(400, f"prediction.token_ids must be in 0..{vocab - 1}", param="prediction.token_ids")
     else:
         assert text is not None
-        if len(text) > settings.max_prediction_tokens * 32:
-            raise APIError(400, f"prediction is longer than {settings.max_prediction_tokens} tokens",
-                           param="prediction")
-        ids = list(engines.tokenizer.encode(normalise_newlines(text), add_special_tokens=False))
+        check_fits(len(text), settings.max_prediction_tokens, engines.tokenizer, "prediction",
+                   "a prediction (max_prediction_tokens)")
+        ids = await tokenize(engines.tokenizer, normalise_newlines(text))
     if not ids:
         raise APIError(400, "prediction must not be empty", param="prediction")
     if len(ids) > settings.max_prediction_tokens:

@@ -93,7 +93,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
                 "frequency_penalty": request.frequency_penalty,
                 "repetition_penalty": request.repetition_penalty}
     kwargs.update({key: value for key, value in optional.items() if value is not None})
-    if kwargs.get("top_k") == 0:
+    if kwargs.get("top_k") == 0 or kwargs.get("top_k", 0) >= vocab_size:  # all tokens (bigints fail in the engine)
         kwargs["top_k"] = -1
     try:
         return SamplingParams(**kwargs)

@@ -8,6 +8,7 @@ JSON, SSE or the compact binary layout of ``cascade_client.topk_format``.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -129,39 +130,32 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
                                 f"scores at most {settings.max_model_len - 1} and the prompt has {len(prompt)}. "
                                 "Split the text into windows (cascade export-topk does this).",
                            param="prompt", code="context_length_exceeded")
+    values = sum(len(p) - 1 for p in prompts) * k
+    if values > settings.max_export_values:
+        raise APIError(400, f"this export would return {values} values (positions × compression_top_k); the limit "
+                            f"is {settings.max_export_values} (max_export_values): send fewer or shorter prompts "
+                            "per request, or a smaller compression_top_k", param="compression_top_k")
     params = export_params(body, k, settings, len(engines.tokenizer))
     rid = request_id(request)
     table = _table(engines)
     prompt_tokens = sum(len(p) for p in prompts)
     metrics.prompt_tokens.labels("export").inc(prompt_tokens)
-    if OCTET in request.headers.get("accept", ""):
-        tasks = [asyncio.ensure_future(_positions(engines, p, params, k, f"{rid}-{i}")) for i, p in enumerate(prompts)]
-        try:
-            await until_disconnect(request, lambda: asyncio.shield(tasks[0]))
-        except BaseException:
-            await _cancel(tasks)
-            raise
-        return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
-                                 headers={"X-Cascade-Top-K": str(k)})
-    if body.stream:
+    if body.stream and OCTET not in request.headers.get("accept", ""):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(engines, prompts, params, k, rid, settings, table, metrics, include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-
-    async def run_all() -> list[list[ExportPosition]]:
-        results: list[list[ExportPosition]] = [[] for _ in prompts]
-        async for index, positions in merge(_streams(engines, prompts, params, k, rid)):
-            results[index] = positions
-        return results
-
-    results = await until_disconnect(request, run_all)
-    metrics.export_positions.inc(sum(len(r) for r in results))
-    body_out = _envelope(rid, settings.model_name)
-    rendered = await asyncio.to_thread(lambda: [[render_position(p, table) for p in r] for r in results])
-    body_out["choices"] = [{"index": i, "text": "", "finish_reason": "length",
-                            "logprobs": _logprobs_block(k, content, 1)} for i, content in enumerate(rendered)]
-    body_out["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
-    return JSONResponse(body_out)
+    tasks = [asyncio.ensure_future(_positions(engines, p, params, k, f"{rid}-{i}")) for i, p in enumerate(prompts)]
+    try:
+        await until_disconnect(request, lambda: asyncio.shield(tasks[0]))
+    except BaseException:
+        await _cancel(tasks)
+        raise
+    if OCTET in request.headers.get("accept", ""):
+        return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
+                                 headers={"X-Cascade-Top-K": str(k)})
+    head = _envelope(rid, settings.model_name)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
+    return StreamingResponse(_json(tasks, k, head, usage, table, metrics), media_type="application/json")
 
 
 async def _sse(engines: EngineManager, prompts: list[list[int]], params: SamplingParams, k: int, rid: str,
@@ -195,6 +189,43 @@ async def _cancel(tasks: Sequence[asyncio.Future[list[ExportPosition]]]) -> None
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _render_batch(positions: Sequence[ExportPosition], table: TokenTable) -> bytes:
+    return ",".join(_dumps(render_position(p, table)) for p in positions).encode()
+
+
+async def _json(tasks: Sequence[asyncio.Future[list[ExportPosition]]], k: int, head: dict[str, Any],
+                usage: dict[str, Any], table: TokenTable, metrics: Metrics) -> AsyncIterator[bytes]:
+    """The plain JSON reply, written as it is rendered: ``STREAM_BATCH`` positions at a time, each
+    prompt's positions released once written, so the gateway never holds the rendered document
+    (about 100 bytes of JSON and ~1 KB of Python objects per value). The first prompt finished
+    before the status line went out; a later failure cuts the body, which no JSON parser accepts."""
+    pending: list[asyncio.Future[list[ExportPosition]] | None] = list(tasks)
+    del tasks
+    try:
+        yield _dumps(head)[:-1].encode() + b',"choices":['
+        for index, task in enumerate(pending):
+            assert task is not None
+            positions = await task
+            pending[index] = None
+            del task
+            metrics.export_positions.inc(len(positions))
+            choice = _dumps({"index": index, "text": "", "finish_reason": "length",
+                             "logprobs": _logprobs_block(k, [], 1)})
+            yield (b"," if index else b"") + choice[:-3].encode()  # open: ...,"content":[
+            for start in range(0, len(positions), STREAM_BATCH):
+                batch = positions[start:start + STREAM_BATCH]
+                yield (b"," if start else b"") + await asyncio.to_thread(_render_batch, batch, table)
+            del positions
+            yield b"]}}"
+        yield b'],"usage":' + _dumps(usage).encode() + b"}"
+    finally:
+        await _cancel([task for task in pending if task is not None])
 
 
 async def _binary(tasks: Sequence[asyncio.Future[list[ExportPosition]]], k: int, vocab_size: int,

@@ -121,17 +121,20 @@ class EngineManager:
         request_id: str,
         role: EngineRole = EngineRole.MAIN,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs; cancelling the consumer aborts the request inside the engine."""
+        """Stream outputs; cancelling the consumer aborts the request inside the engine.
+
+        Closing vLLM's stream aborts by its internal, randomised id: ``engine.abort(request_id)``
+        would abort every request sharing the external id, not only this one."""
         engine = self.engine(role)
         finished = False
+        stream = engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
         try:
-            async for output in engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params,
-                                                request_id):
+            async for output in stream:
                 finished = output.finished
                 yield output
         finally:
             if not finished and not engine.errored:
-                await engine.abort(request_id)
+                await stream.aclose()
 
     def shutdown(self) -> None:
         """Stop every engine process; safe to call twice."""

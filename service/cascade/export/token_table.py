@@ -51,3 +51,15 @@ def build_token_table(tokenizer: Any) -> TokenTable:
         raw.append(data)
         strings.append(data.decode("utf-8", errors="replace"))
     return TokenTable(tuple(strings), tuple(raw))
+
+
+def max_chars_per_token(tokenizer: Any) -> int:
+    """The most characters of text one token can cover: its characters that start within it, plus one
+    for a character it completes (a token may hold the tail of a multi-byte character). Text of n
+    characters is therefore at least n / this many tokens, whatever its content."""
+    best = 1
+    for data in build_token_table(tokenizer).raw:
+        if data:
+            starts = sum(1 for byte in data if byte & 0xC0 != 0x80)
+            best = max(best, starts + (1 if data[0] & 0xC0 == 0x80 else 0))
+    return best

@@ -1,0 +1,123 @@
+"""uvicorn's httptools protocol with the limits it lacks: header size and count (431) and a deadline
+for receiving a request's headers (408).
+
+Without them one client can make the server buffer a 64 MB header, send 10,000 headers, or hold a
+connection open forever by trickling a request line byte by byte. The limits act while bytes are
+parsed, before any request reaches the app, so a refused request costs at most ``max_header_bytes``
+of memory. (Slow *bodies* are the gateway middleware's job: it owns the admission slot they hold.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from cascade.api.errors import error_body
+
+
+@dataclass(frozen=True)
+class HeaderLimits:
+    max_bytes: int
+    max_count: int
+    timeout: float
+
+
+class HeaderLimitError(Exception):
+    """Raised from a parser callback to stop parsing; ``send_400_response`` then sends the refusal."""
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """Counts header bytes as they arrive (before httptools has buffered a whole huge header) and as
+    they are parsed (a chunk holding whole headers), counts header lines, and closes connections
+    whose headers do not arrive in time."""
+
+    limits = HeaderLimits(max_bytes=65536, max_count=100, timeout=10.0)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_headers = False
+        self._header_bytes = 0
+        self._header_count = 0
+        self._parsed_bytes = 0
+        self._refusal: tuple[int, str] | None = None
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_headers and not self.transport.is_closing():
+            self._header_bytes += len(data)
+            if self._header_bytes > self.limits.max_bytes:
+                self._refuse(431, f"Request headers are larger than the limit of {self.limits.max_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers, self._header_bytes, self._header_count, self._parsed_bytes = True, 0, 0, 0
+        self._arm_header_timer()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._parsed_bytes += len(name) + len(value) + 4
+        if self._header_count > self.limits.max_count:
+            self._refusal = (431, f"More than {self.limits.max_count} request headers")
+            raise HeaderLimitError
+        if self._parsed_bytes > self.limits.max_bytes:
+            self._refusal = (431, f"Request headers are larger than the limit of {self.limits.max_bytes} bytes")
+            raise HeaderLimitError
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refusal is not None:
+            self._refuse(*self._refusal)
+        else:
+            super().send_400_response(msg)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.limits.timeout, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or (self.cycle is not None and not self._in_headers):
+            return
+        if self._in_headers:
+            self._refuse(408, f"Request headers did not arrive within {self.limits.timeout:g} s")
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer outside any request cycle (none exists yet) and close: the rest of the stream
+        cannot be parsed reliably."""
+        self._cancel_header_timer()
+        body = json.dumps(error_body(status, message, code="request_header_fields_too_large" if status == 431
+                                     else "request_timeout")).encode()
+        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
+        self.transport.close()
+
+
+def limited_protocol(limits: HeaderLimits) -> type[LimitedHttpProtocol]:
+    """A protocol class carrying ``limits`` (uvicorn instantiates the class it is given)."""
+    return type("LimitedHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})

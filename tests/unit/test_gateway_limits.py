@@ -1,0 +1,230 @@
+"""The gateway's error path and connection limits, on a real uvicorn server in this process (no
+engine: extra routes stand in for handlers that fail or take too long)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from cascade.app import create_app
+from cascade.http_protocol import HeaderLimits, limited_protocol
+from cascade.settings import Settings
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+SETTINGS = {"max_header_bytes": 8192, "max_headers": 40, "header_timeout_seconds": 1.0,
+            "body_timeout_seconds": 1.0, "request_timeout_seconds": 2.0}
+
+
+class EngineGenerateError(Exception):
+    """Named like vLLM's: one request's failure, the engine alive."""
+
+
+class EngineDeadError(Exception):
+    """Named like vLLM's: the engine died."""
+
+
+def _add_test_routes(app: FastAPI) -> None:
+    @app.get("/v1/boom")
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    @app.get("/v1/generate-failed")
+    async def generate_failed() -> None:
+        raise EngineGenerateError
+
+    @app.get("/v1/engine-dead")
+    async def engine_dead() -> None:
+        raise EngineDeadError
+
+    @app.post("/v1/echo")
+    async def echo(body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    @app.get("/v1/slow")
+    async def slow() -> dict[str, str]:
+        await asyncio.sleep(30)
+        return {"late": "yes"}
+
+    @app.get("/v1/slow-stream")
+    async def slow_stream() -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            yield b'data: {"n": 1}\n\n'
+            await asyncio.sleep(30)
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, int, FastAPI]]:
+    settings = Settings(**SETTINGS)  # type: ignore[arg-type]
+    app = create_app(settings)
+    _add_test_routes(app)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    limits = HeaderLimits(settings.max_header_bytes, settings.max_headers, settings.header_timeout_seconds)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
+                            http=limited_protocol(limits))
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert uv.started
+    yield "127.0.0.1", port, app
+    uv.should_exit = True
+    thread.join(10)
+
+
+def _read_reply(sock: socket.socket) -> bytes:
+    """One whole response (headers + Content-Length body), or what came before the peer closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(
+        b"content-length:")), 0)
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+def _status(reply: bytes) -> int:
+    return int(reply.split(b" ", 2)[1])
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(3)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, TimeoutError):
+        return True
+
+
+def test_unexpected_error_is_answered_like_any_reply_and_keeps_the_connection(
+        server: tuple[str, int, FastAPI]) -> None:
+    host, port, app = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"GET /v1/boom HTTP/1.1\r\nHost: x\r\nX-Request-Id: trace-500\r\n\r\n")
+        reply = _read_reply(sock)
+        assert _status(reply) == 500 and b"x-request-id: trace-500" in reply.lower(), reply
+        assert b'"code":"internal_error"' in reply.replace(b" ", b"")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _status(_read_reply(sock)) == 200, "the keep-alive connection survives a 500"
+    counted = app.state.metrics.requests.labels("other", "GET", "500")._value.get()
+    assert counted >= 1
+
+
+def test_only_a_dead_engine_is_a_503_that_says_restarting(server: tuple[str, int, FastAPI]) -> None:
+    host, port, app = server
+    base = f"http://{host}:{port}"
+    failed = httpx.get(base + "/v1/generate-failed")
+    assert failed.status_code == 500 and "retry-after" not in failed.headers
+    dead = httpx.get(base + "/v1/engine-dead", headers={"X-Request-Id": "trace-503"})
+    assert dead.status_code == 503 and dead.headers["retry-after"] == "10"
+    assert dead.headers["x-request-id"] == "trace-503"
+    assert app.state.metrics.requests.labels("other", "GET", "503")._value.get() >= 1
+
+
+@pytest.mark.parametrize("headers", [
+    b"X-Big: " + b"a" * 20000 + b"\r\n",
+    b"".join(b"X-H%d: v\r\n" % i for i in range(60)),
+], ids=["size", "count"])
+def test_header_limits_answer_431_and_close(server: tuple[str, int, FastAPI], headers: bytes) -> None:
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        reply = _read_reply(sock)
+        assert _status(reply) == 431, reply[:200]
+        assert _closed(sock)
+
+
+def test_a_huge_header_is_refused_while_it_streams_in(server: tuple[str, int, FastAPI]) -> None:
+    """64 MB announced: refused after about the limit, not buffered whole."""
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent = 0
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            for _ in range(64 * 16):
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        assert sent < 4 << 20
+
+
+def test_headers_trickled_past_the_deadline_are_408(server: tuple[str, int, FastAPI]) -> None:
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        reply = _read_reply(sock)
+        assert _status(reply) == 408 and time.monotonic() - started < 5
+    with socket.create_connection((host, port), timeout=10) as idle:
+        assert _closed(idle), "a connection that never sends a request is closed"
+
+
+def test_a_trickled_body_is_408_and_frees_its_slot(server: tuple[str, int, FastAPI]) -> None:
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        for _ in range(3):
+            time.sleep(0.5)
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        reply = _read_reply(sock)
+        assert _status(reply) == 408, reply
+        assert b"body_timeout" in reply and time.monotonic() - started < 5
+    assert httpx.post(f"http://{host}:{port}/v1/echo", json={"a": 1}).json() == {"a": 1}
+
+
+def test_request_past_its_deadline_is_504(server: tuple[str, int, FastAPI]) -> None:
+    host, port, _ = server
+    started = time.monotonic()
+    r = httpx.get(f"http://{host}:{port}/v1/slow", timeout=20)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
+    assert "request_timeout_seconds" in r.json()["error"]["message"]
+    assert time.monotonic() - started < 5
+
+
+def test_stream_past_its_deadline_ends_with_an_error_event(server: tuple[str, int, FastAPI]) -> None:
+    host, port, _ = server
+    with httpx.stream("GET", f"http://{host}:{port}/v1/slow-stream", timeout=20) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200
+    assert '"status": 504' in lines[-2] and lines[-1] == "data: [DONE]", lines
+
+
+def test_a_slow_but_steady_upload_outlasts_the_body_timeout(server: tuple[str, int, FastAPI]) -> None:
+    """Each byte received extends the budget (body_min_rate_bytes): 160 KB over 1.6 s passes a 1 s timeout."""
+    host, port, _ = server
+    payload = b'{"a": "' + b"x" * (160_000 - 9) + b'"}'
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(payload))
+        for start in range(0, len(payload), 20_000):
+            sock.sendall(payload[start:start + 20_000])
+            time.sleep(0.2)
+        reply = _read_reply(sock)
+    assert _status(reply) == 200, reply[:300]
