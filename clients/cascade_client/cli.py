@@ -127,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", help="file, or - for stdout (default: INPUT.cz; stdout for stdin)")
     comp.add_argument("--top-k", type=int)
     comp.add_argument("--precision-bits", type=int, choices=(16, 24, 32))
-    comp.add_argument("--segment-tokens", type=int)
+    comp.add_argument("--lane-tokens", "--segment-tokens", dest="lane_tokens", type=int,
+                      help="tokens per lane, one context window each (default: the server's)")
+    comp.add_argument("--lanes", type=int, help="lanes per segment, decoded in parallel (1-64)")
     comp.add_argument("--context", help="text the model conditions on (the decoder reads it from the container)")
     comp.add_argument("--verify", action="store_true", help="the server decodes every segment before answering")
     dec = sub.add_parser("decompress", parents=[common], help="decompress a .cz container")
@@ -169,7 +171,8 @@ def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | N
         try:
             if args.command == "compress":
                 return client.compress_to(dst, src, progress=bars, top_k=args.top_k,
-                                          precision_bits=args.precision_bits, segment_tokens=args.segment_tokens,
+                                          precision_bits=args.precision_bits, lane_tokens=args.lane_tokens,
+                                          lanes=args.lanes,
                                           context=args.context, verify=args.verify or None)
             client.decompress_to(dst, src, progress=bars)
             return None

@@ -94,7 +94,7 @@ class CascadeClient(ClientBase[httpx.Client]):
                     **options: Any) -> CompressStats:
         """Compress ``source`` into a container written to ``sink`` chunk by chunk.
 
-        ``options``: ``top_k``, ``precision_bits`` (16/24/32), ``segment_tokens``, ``context``,
+        ``options``: ``top_k``, ``precision_bits`` (16/24/32), ``lane_tokens``, ``lanes``, ``context``,
         ``verify`` (decode every segment on the server before answering), ``model``.
         """
         return self._stream(protocol.compress_call(**options), sink, source, progress)

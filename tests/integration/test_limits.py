@@ -82,7 +82,8 @@ OVER_LIMIT = {
     "tokenize_chars": ("/v1/tokenize", {"model": MODEL, "prompt": "k" * (S.max_tokenize_chars + 1)}, "prompt"),
     "codec_top_k": ("/compress", {"text": "x", "top_k": 1025}, "top_k"),
     "codec_context": ("/compress", {"text": "x", "context": "c" * (S.codec_max_context_bytes + 1)}, "context"),
-    "codec_segment_tokens": ("/compress", {"text": "x", "segment_tokens": 8}, "segment_tokens"),
+    "codec_lane_tokens": ("/compress", {"text": "x", "lane_tokens": 8}, "lane_tokens"),
+    "codec_lanes": ("/compress", {"text": "x", "lanes": 65}, "lanes"),
     "codec_precision": ("/compress", {"text": "x", "precision_bits": 12}, "precision_bits"),
 }
 

@@ -95,13 +95,13 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
     no request in any engine, no exact-codec job, no proposer state and no k-CBS search."""
     assert live_total(wait_live_zero(service)) == 0, "the service must start idle for this test"
     with service.client() as client:
-        made = client.post("/compress", json={"text": CODE, "segment_tokens": 32})
+        made = client.post("/compress", json={"text": CODE, "lane_tokens": 32})
         assert made.status_code == 200, made.text
         container = made.content
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "write handlers"}], "max_tokens": 600,
             "ignore_eos": True, "temperature": 1.0, "stream": True,
             "prediction": {"type": "content", "content": PREDICTION}}
-    compress_body = {"text": CODE * 2, "segment_tokens": 64}
+    compress_body = {"text": CODE * 2, "lane_tokens": 64}
     kcbs = {"model": MODEL, "prompt": "import os\n\ndef ", "beam_width": 8, "steps": 60, "stream": True}
     sse = {"accept": "text/event-stream"}
     seen_inside: dict[str, int] = {}
@@ -238,7 +238,7 @@ def _fuzz_inputs(container: bytes, rng: random.Random) -> Iterator[tuple[str, by
 
 def test_decompress_fuzz_answers_4xx_quickly_never_500(service: Service) -> None:
     with service.client() as client:
-        made = client.post("/compress", json={"text": 'print("hi")\n' * 8 + "x = 1\n", "segment_tokens": 16})
+        made = client.post("/compress", json={"text": 'print("hi")\n' * 8 + "x = 1\n", "lane_tokens": 16})
         assert made.status_code == 200, made.text
         container = made.content
         assert client.post("/decompress", content=container,
