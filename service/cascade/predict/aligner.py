@@ -1,8 +1,9 @@
 """Line alignment: which prediction line should follow the lines the model just wrote?
 
-Lines are token tuples. Each candidate position in the prediction is scored by the LCS similarity of
-the recent context lines with the prediction lines before it (recent lines weigh more). RapidFuzz's
-LCS is used when installed; ``difflib`` otherwise (same answers, slower).
+Lines are the bytes of one line of text, newline included. Each candidate position in the prediction
+is scored by the LCS similarity of the recent context lines with the prediction lines before it
+(recent lines weigh more). RapidFuzz's LCS is used when installed; ``difflib`` otherwise (same
+answers, slower).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from difflib import SequenceMatcher
 from typing import Protocol
 
-Line = tuple[int, ...]
+Line = bytes
 
 try:
     from rapidfuzz.distance import LCSseq
