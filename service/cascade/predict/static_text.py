@@ -10,7 +10,7 @@ prediction's lines, so an edit costs only the lines around it, not the rest of t
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, Literal
@@ -63,6 +63,7 @@ class PredictionState:
         self.failed_reanchors = 0
         self._skip_alignments = 0
         self._just_reanchored = False
+        self.lost_line = -1
 
     @property
     def rejected(self) -> int:
@@ -106,7 +107,11 @@ class PredictionState:
             self._skip_alignments = (1 << min(self.failed_reanchors, 6)) - 1
         if on_track:
             self.cursor += len(data)
+            if accepted < proposed:
+                self._set_tokens([], self.cursor)
             return
+        if self.cursor >= 0:
+            self.lost_line = bisect_right(self.line_starts, self.cursor) - 1
         self.cursor = -1
         if self.mode == "smart" and line_completed:
             self._realign()
@@ -120,14 +125,13 @@ class PredictionState:
             return
         self.alignments += 1
         context = self.context_lines[-self.window_lines:]
-        index = self.aligner.align(context, self.lines)
-        if index is None or index >= len(self.lines):
+        index = self.aligner.align(context, self.lines, near=self.lost_line,
+                                   fits=lambda i: self.lines[i].startswith(self.partial))
+        if index is None:
             return
-        line = self.lines[index]
-        if line.startswith(self.partial):
-            self.cursor = self.line_starts[index] + len(self.partial)
-            self.reanchors += 1
-            self._just_reanchored = True
+        self.cursor = self.line_starts[index] + len(self.partial)
+        self.reanchors += 1
+        self._just_reanchored = True
 
     def _token_index(self, n: int) -> int:
         """Index of the draft token that starts at the cursor, re-tokenising the text from the cursor

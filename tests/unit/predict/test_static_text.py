@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cascade.predict.aligner import LineAligner
 from cascade.predict.draft_length import AdaptiveLength, FixedLength
@@ -19,9 +19,10 @@ class CountingAligner(LineAligner):
         super().__init__()
         self.calls = 0
 
-    def align(self, context_lines: Sequence[bytes], prediction_lines: Sequence[bytes]) -> int | None:
+    def align(self, context_lines: Sequence[bytes], prediction_lines: Sequence[bytes], near: int = -1,
+              fits: Callable[[int], bool] | None = None) -> int | None:
         self.calls += 1
-        return super().align(context_lines, prediction_lines)
+        return super().align(context_lines, prediction_lines, near, fits)
 
 
 def _pair(target_text: str, prediction_text: str) -> tuple[list[int], list[int], ToyTokenizer]:
@@ -201,3 +202,28 @@ def test_any_resplit_of_the_predicted_text_is_followed_to_its_end(parts: list[st
     assert result.tokens == target
     assert result.state is not None and result.state.cursor == len(text.encode())
     assert result.rejected <= k * len(_spans(tok, target) - _spans(tok, prediction))
+
+
+REPEATED = "        self.parser.set(self.parser.defaults)\n"
+
+
+def test_repeated_lines_resume_after_the_edit_not_at_the_first_copy() -> None:
+    """The output leaves out a line the prediction inserted among identical lines: the re-anchor
+    resumes after that line instead of jumping back into the copies before it and hitting it again."""
+    tok = ToyTokenizer()
+    prediction_text = "def f(self):\n" + REPEATED * 6 + "    # TODO: check this\n" + REPEATED * 12
+    target_text = "def f(self):\n" + REPEATED * 18
+    target = tok.encode_text(target_text)
+    result = simulate(target, tok.encode_text(prediction_text), tok, k=64, lengths=AdaptiveLength(64))
+    assert result.tokens == target
+    assert result.accepted >= 0.95 * len(target)
+
+
+def test_aligner_prefers_the_first_fitting_copy_after_where_the_output_left() -> None:
+    lines = [b"a\n", b"x\n", b"x\n", b"TODO\n", b"x\n", b"x\n", b"x\n", b"end\n"]
+    aligner = LineAligner()
+    context = [b"a\n", b"x\n", b"x\n", b"x\n"]
+    assert aligner.align(context, lines, near=2) == 3
+    assert aligner.align(context, lines, near=2, fits=lambda i: lines[i] != b"TODO\n") == 6
+    assert aligner.align(context, lines, near=2, fits=lambda i: lines[i].startswith(b"e")) == 7
+    assert aligner.align(context, lines, near=7) == 7
