@@ -1,7 +1,8 @@
 """Offline replay of the engine's accept-then-advance rule for greedy decoding (no engine).
 
 Each step the proposer drafts ≤ k tokens; the "engine" accepts the longest prefix that matches the
-target continuation and then emits the next target token itself. Used by tests and benchmarks.
+target continuation and then emits the next target token itself; like the engine adapter, it never
+drafts past the last target token. Used by tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary
         result.accepted_per_step.append(accepted)
         result.drafted_per_step.append(len(draft))
         state.observe(step_tokens)
-        draft = state.propose(k) if len(result.tokens) < len(target) else []
+        draft = state.propose(min(k, len(target) - len(result.tokens) - 1))
     result.proposed = state.proposed
     result.accepted = state.accepted
     return result

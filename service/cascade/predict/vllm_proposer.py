@@ -104,6 +104,16 @@ class StaticTextProposer:
                 log.close()
         return len(finished)
 
+    def _tokens_left(self, req_id: str, total: int) -> int:
+        """Completion tokens the request may still produce. A draft longer than that minus one (the
+        step's own token) would be verified, counted as accepted and then cut off by ``max_tokens``."""
+        request = self._requests.get(req_id)
+        max_tokens = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
+        prompt = getattr(request, "num_prompt_tokens", None)
+        if max_tokens is None or prompt is None:
+            return self.max_model_len
+        return int(max_tokens) - (total - int(prompt))
+
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
         self.release_finished()
@@ -111,14 +121,15 @@ class StaticTextProposer:
         for row, sampled in enumerate(sampled_token_ids):
             req_id = self._rows[row] if row < len(self._rows) else None
             state = self._state(req_id) if req_id is not None else None
-            if state is None or not sampled:
+            if req_id is None or state is None or not sampled:
                 drafts.append([])
                 continue
             state.observe(list(sampled))
-            room = self.max_model_len - int(num_tokens_no_spec[row]) - 1
-            draft = state.propose(max(0, min(self.k, room)))
+            total = int(num_tokens_no_spec[row])
+            draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
+                                             self._tokens_left(req_id, total) - 1)))
             drafts.append(draft)
-            log = self.logs.get(req_id) if req_id is not None else None
+            log = self.logs.get(req_id)
             if log is not None:
                 log.write({"sampled": list(sampled), "draft": draft, **state.snapshot()})
         return drafts

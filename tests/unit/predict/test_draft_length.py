@@ -9,24 +9,28 @@ from cascade.predict.static_text import PredictionState
 from tests.unit.predict.toy_tokens import CODE, ToyTokenizer
 
 
-def test_length_doubles_while_drafts_are_accepted_whole_up_to_k_max() -> None:
-    lengths = AdaptiveLength(64, start=8)
+def test_length_starts_at_k_and_doubles_back_after_a_short_run() -> None:
+    lengths = AdaptiveLength(64)
+    assert lengths.length() == 64
+    lengths.update(64, 5, on_track=False)
     seen = []
     for _ in range(5):
         seen.append(lengths.length())
         lengths.update(lengths.length(), lengths.length(), on_track=True)
-    assert seen == [8, 16, 32, 64, 64]
+    assert seen == [12, 24, 48, 64, 64]
 
 
-def test_other_token_boundaries_keep_the_length_and_a_divergence_resets_it() -> None:
-    lengths = AdaptiveLength(64, start=8)
-    lengths.update(8, 8, on_track=True)
-    lengths.update(16, 3, on_track=True)
-    assert lengths.length() == 16
-    lengths.update(16, 3, on_track=False)
-    assert lengths.length() == 8
+def test_other_token_boundaries_keep_the_length_and_divergences_shrink_it_to_the_floor() -> None:
+    lengths = AdaptiveLength(64, start=16)
+    lengths.update(16, 16, on_track=True)
+    lengths.update(32, 3, on_track=True)
+    assert lengths.length() == 32
+    lengths.update(32, 20, on_track=False)
+    assert lengths.length() == 32
+    lengths.update(32, 0, on_track=False)
+    assert lengths.length() == 4
     lengths.update(0, 0, on_track=False)
-    assert lengths.length() == 8
+    assert lengths.length() == 4
 
 
 def test_long_exact_prediction_needs_few_steps_with_adaptive_length() -> None:
@@ -67,4 +71,4 @@ def test_repeated_false_reanchors_back_off() -> None:
         lines += 2
     assert state.reanchors >= 3
     assert state.alignments <= 12 < lines
-    assert state.accepted == 0 and state.proposed <= state.reanchors * 8
+    assert state.accepted == 0 and state.proposed <= 64 + state.reanchors * 8
