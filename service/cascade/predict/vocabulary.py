@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from cascade.export.token_table import _unicode_to_byte as unicode_to_byte
+
 
 class Vocabulary(Protocol):
     def piece(self, token: int) -> bytes:
@@ -76,23 +78,11 @@ class TokenizerVocabulary:
         return tokens
 
 
-def _byte_level_table() -> dict[str, int]:
-    """GPT-2's printable stand-ins for bytes, as byte-level BPE vocabularies spell tokens."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
-
-
 def token_pieces(spelled: Sequence[str | None], special: Iterable[int]) -> list[bytes]:
     """Token bytes from a vocabulary's spellings: byte-level BPE (GPT-2 style) when every spelling
     is made of its byte stand-ins, else SentencePiece (``<0x0A>`` byte fallback, ``▁`` for a space).
     Special tokens add no text."""
-    table = _byte_level_table()
+    table = unicode_to_byte()
     specials = set(special)
     plain = [None if token in specials else spelling for token, spelling in enumerate(spelled)]
     byte_level = all(c in table for spelling in plain if spelling for c in spelling)
