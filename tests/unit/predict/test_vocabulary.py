@@ -56,3 +56,13 @@ def test_output_ending_inside_a_multibyte_character_is_followed() -> None:
     assert state.cursor == cut
     draft = state.propose(4)
     assert draft and text[cut:].startswith(text_of(vocab, draft))
+
+
+def test_debug_snapshot_is_plain_yaml_even_inside_a_character() -> None:
+    yaml = pytest.importorskip("yaml")
+    vocab = vocabulary()
+    text = "naïve\n".encode()
+    state = PredictionState(vocab.encode(text), vocab)
+    state.observe([*vocab.encode(text[:2]), list(vocab.pieces).index(text[2:3])])
+    record = yaml.safe_load(yaml.safe_dump(state.snapshot()))
+    assert record["cursor"] == 3 and record["partial"] == "na\ufffd" and record["draft_length"] == 8
