@@ -48,7 +48,9 @@ class Settings(BaseSettings):
     enable_predictions: bool = Field(
         True, description="Run a second engine with the static-text proposer for `prediction` requests."
     )
-    num_speculative_tokens: int = Field(8, ge=1, le=64, description="Draft tokens proposed per step (K).")
+    num_speculative_tokens: int = Field(
+        64, ge=1, le=64, description="Largest draft per step (K); each request drafts up to K, adaptively."
+    )
     predict_memory_fraction: float | None = Field(
         None, gt=0.0, le=0.98, description="Memory fraction of the prediction engine (default: memory_fraction)."
     )

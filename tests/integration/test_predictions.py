@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL, Service
+from tests.integration.conftest import MODEL, REPO, Service
 
 PROMPT = "import os\n\ndef "
 
@@ -39,6 +39,63 @@ def test_edited_prediction_reanchors_and_keeps_text(openai_client) -> None:
     assert smart.choices[0].text == text == prefix.choices[0].text
     assert (smart.usage.completion_tokens_details.accepted_prediction_tokens
             > prefix.usage.completion_tokens_details.accepted_prediction_tokens)
+
+
+def _token_ids(service: Service, max_tokens: int) -> list[int]:
+    """The greedy output's own token ids (k-CBS with one beam is greedy decoding)."""
+    with service.client() as client:
+        r = client.post("/v1/kcbs", json={"model": MODEL, "prompt": PROMPT, "beam_width": 1, "steps": max_tokens})
+    return list(r.json()["sequences"][0]["token_ids"])
+
+
+def test_prediction_tokenised_unlike_the_output_is_followed_on_its_text(service: Service, openai_client) -> None:
+    """The prompt's greedy output writes ``utf8_survival`` with other token boundaries than the
+    tokenizer gives its text: the prediction is followed on text, so even prefix mode (no
+    re-anchoring) keeps being accepted past the first differing token."""
+    text = _greedy(openai_client, max_tokens=120).choices[0].text
+    with service.client() as client:
+        encoded = client.post("/v1/tokenize", json={"model": MODEL, "prompt": text}).json()["tokens"]
+    output_ids = _token_ids(service, 120)
+    first_difference = next(i for i, (a, b) in enumerate(zip(encoded, output_ids, strict=False)) if a != b)
+    assert first_difference < 40
+    prefix = _greedy(openai_client, max_tokens=120, extra_body={
+        "prediction": {"type": "content", "content": text}, "prediction_mode": "prefix"})
+    assert prefix.choices[0].text == text
+    assert prefix.usage.completion_tokens_details.accepted_prediction_tokens >= 0.75 * prefix.usage.completion_tokens
+
+
+def test_token_id_prediction_with_other_boundaries_keeps_being_accepted(service: Service, openai_client) -> None:
+    """The same text as the output, sent as token ids that split every 5th token in two."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(REPO / "models" / "pycoder-23m"))
+    text = _greedy(openai_client, max_tokens=120).choices[0].text
+    output_ids = _token_ids(service, 120)
+    resplit: list[int] = []
+    for i, token in enumerate(output_ids):
+        piece = tokenizer.decode([token])
+        if i % 5 == 4 and len(piece) >= 2:
+            resplit += tokenizer.encode(piece[:1], add_special_tokens=False)
+            resplit += tokenizer.encode(piece[1:], add_special_tokens=False)
+        else:
+            resplit.append(token)
+    assert tokenizer.decode(resplit) == text and resplit != output_ids
+    predicted = _greedy(openai_client, max_tokens=120,
+                        extra_body={"prediction": {"type": "content", "token_ids": resplit}})
+    assert predicted.choices[0].text == text
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= 0.8 * predicted.usage.completion_tokens
+
+
+def test_accepted_prediction_tokens_stay_within_the_completion(openai_client) -> None:
+    """Drafts running past ``max_tokens`` would be verified, counted and then cut off."""
+    text = _greedy(openai_client, max_tokens=120).choices[0].text
+    for max_tokens in (50, 61):
+        predicted = _greedy(openai_client, max_tokens=max_tokens,
+                            extra_body={"prediction": {"type": "content", "content": text}})
+        assert text.startswith(predicted.choices[0].text)
+        details = predicted.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens <= predicted.usage.completion_tokens - 1
+        assert details.accepted_prediction_tokens >= 0.6 * predicted.usage.completion_tokens
 
 
 def test_chat_sdk_prediction_argument_works_unchanged(openai_client) -> None:

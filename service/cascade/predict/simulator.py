@@ -1,7 +1,8 @@
 """Offline replay of the engine's accept-then-advance rule for greedy decoding (no engine).
 
 Each step the proposer drafts ≤ k tokens; the "engine" accepts the longest prefix that matches the
-target continuation and then emits the next target token itself. Used by tests and benchmarks.
+target continuation and then emits the next target token itself; like the engine adapter, it never
+drafts past the last target token. Used by tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cascade.predict.aligner import Aligner
+from cascade.predict.draft_length import DraftLength, FixedLength
 from cascade.predict.static_text import Mode, PredictionState
+from cascade.predict.vocabulary import Vocabulary
 
 
 @dataclass
 class SimulationResult:
     tokens: list[int]
     accepted_per_step: list[int] = field(default_factory=list)
+    drafted_per_step: list[int] = field(default_factory=list)
     proposed: int = 0
     accepted: int = 0
+    state: PredictionState | None = None
 
     @property
     def steps(self) -> int:
@@ -33,11 +38,13 @@ class SimulationResult:
         return len(self.tokens) / self.steps if self.steps else 0.0
 
 
-def simulate(target: Sequence[int], prediction: Sequence[int], newline_ids: frozenset[int], k: int,
-             mode: Mode = "smart", aligner: Aligner | None = None) -> SimulationResult:
+def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary, k: int,
+             mode: Mode = "smart", aligner: Aligner | None = None,
+             lengths: DraftLength | None = None) -> SimulationResult:
     """Generate ``target`` with drafts from ``prediction``; the output is always ``target`` itself."""
-    state = PredictionState(prediction, newline_ids, mode=mode, aligner=aligner)
-    result = SimulationResult(tokens=[])
+    state = PredictionState(prediction, vocab, mode=mode, aligner=aligner,
+                            lengths=lengths or FixedLength(k))
+    result = SimulationResult(tokens=[], state=state)
     draft: list[int] = []
     while len(result.tokens) < len(target):
         position = len(result.tokens)
@@ -48,8 +55,9 @@ def simulate(target: Sequence[int], prediction: Sequence[int], newline_ids: froz
         step_tokens = list(target[position:position + accepted + 1])
         result.tokens += step_tokens
         result.accepted_per_step.append(accepted)
+        result.drafted_per_step.append(len(draft))
         state.observe(step_tokens)
-        draft = state.propose(k) if len(result.tokens) < len(target) else []
+        draft = state.propose(min(k, len(target) - len(result.tokens) - 1))
     result.proposed = state.proposed
     result.accepted = state.accepted
     return result

@@ -7,18 +7,47 @@ created from ``SamplingParams.extra_args["cascade_prediction"]``; the pure algor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
-from cascade.predict.static_text import PredictionState, newline_token_ids
+from cascade.predict.draft_length import AdaptiveLength, DraftLength, FixedLength
+from cascade.predict.static_text import PredictionState
+from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
 
 EXTRA_ARGS_KEY = "cascade_prediction"
+ROUND_TRIP_SAMPLE = "def f(x_1, naïve):\n\treturn {'k': [x_1 ** 2]}  # ok → é\r\n"
+logger = logging.getLogger("cascade.predict.proposer")
 
 
-def prediction_extra_args(token_ids: Sequence[int], mode: str) -> dict[str, Any]:
-    """What the gateway puts into ``SamplingParams.extra_args`` for a request with a prediction."""
-    return {EXTRA_ARGS_KEY: {"ids": list(token_ids), "mode": mode}}
+def prediction_extra_args(token_ids: Sequence[int], mode: str, adaptive: bool = True) -> dict[str, Any]:
+    """What the gateway puts into ``SamplingParams.extra_args`` for a request with a prediction
+    (``adaptive=False``: always draft K tokens, for benchmarks)."""
+    return {EXTRA_ARGS_KEY: {"ids": list(token_ids), "mode": mode, "adaptive": adaptive}}
+
+
+def tokenizer_vocabulary(tokenizer: Any) -> TokenizerVocabulary:
+    """The proposer's view of a Hugging Face tokenizer: token bytes and a plain text encoder.
+
+    The spellings are checked on a sample: when they do not spell the tokenizer's own decoding
+    (an unknown vocabulary format), each token's decoding is used instead (exact for any text whose
+    characters each fit in one token)."""
+    size = len(tokenizer)
+    spelled = tokenizer.convert_ids_to_tokens(list(range(size)))
+    specials = tokenizer.all_special_ids
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    vocab = TokenizerVocabulary(token_pieces(spelled, specials), encode)
+    sample = ROUND_TRIP_SAMPLE.encode()
+    if text_of(vocab, encode(ROUND_TRIP_SAMPLE)) != sample:
+        logger.warning("token spellings do not round-trip; predictions follow each token's decoding")
+        special = set(specials)
+        pieces = [b"" if t in special else tokenizer.decode([t]).encode() for t in range(size)]
+        vocab = TokenizerVocabulary(pieces, encode)
+    return vocab
 
 
 class StaticTextProposer:
@@ -31,8 +60,7 @@ class StaticTextProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         model_config = vllm_config.model_config
         tokenizer = get_tokenizer(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
-        vocab = range(len(tokenizer))
-        self.newline_ids = newline_token_ids((i, tokenizer.decode([i])) for i in vocab)
+        self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
         self.logs: dict[str, PredictionDebugLog] = {}
         self._rows: list[str] = []
@@ -52,7 +80,8 @@ class StaticTextProposer:
         spec = (getattr(params, "extra_args", None) or {}).get(EXTRA_ARGS_KEY)
         if not spec:
             return None
-        state = PredictionState(spec["ids"], self.newline_ids, mode=spec.get("mode", "smart"))
+        lengths: DraftLength = AdaptiveLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
+        state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths)
         self.states[req_id] = state
         log = PredictionDebugLog.open(req_id)
         if log is not None:
@@ -75,6 +104,16 @@ class StaticTextProposer:
                 log.close()
         return len(finished)
 
+    def _tokens_left(self, req_id: str, total: int) -> int:
+        """Completion tokens the request may still produce. A draft longer than that minus one (the
+        step's own token) would be verified, counted as accepted and then cut off by ``max_tokens``."""
+        request = self._requests.get(req_id)
+        max_tokens = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
+        prompt = getattr(request, "num_prompt_tokens", None)
+        if max_tokens is None or prompt is None:
+            return self.max_model_len
+        return int(max_tokens) - (total - int(prompt))
+
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
         self.release_finished()
@@ -82,14 +121,15 @@ class StaticTextProposer:
         for row, sampled in enumerate(sampled_token_ids):
             req_id = self._rows[row] if row < len(self._rows) else None
             state = self._state(req_id) if req_id is not None else None
-            if state is None or not sampled:
+            if req_id is None or state is None or not sampled:
                 drafts.append([])
                 continue
             state.observe(list(sampled))
-            room = self.max_model_len - int(num_tokens_no_spec[row]) - 1
-            draft = state.propose(max(0, min(self.k, room)))
+            total = int(num_tokens_no_spec[row])
+            draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
+                                             self._tokens_left(req_id, total) - 1)))
             drafts.append(draft)
-            log = self.logs.get(req_id) if req_id is not None else None
+            log = self.logs.get(req_id)
             if log is not None:
                 log.write({"sampled": list(sampled), "draft": draft, **state.snapshot()})
         return drafts
