@@ -25,7 +25,7 @@ from cascade.api.openai_protocol import (
 )
 from cascade.api.predictions import PredictionUsage, prediction_args
 from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
-from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
+from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, primed, sse_data, until_disconnect
 from cascade.api.topk_export import export_completion
 from cascade.codec.engine_codec import EngineCodec
 from cascade.codec.params import CodecArgs
@@ -144,10 +144,11 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     rid = request_id(request)
     prompt_tokens = sum(len(p) for p in plan.prompts)
     metrics.prompt_tokens.labels(plan.kind).inc(prompt_tokens)
-    if plan.stream:
-        return StreamingResponse(_stream(plan, rid, settings, engines, metrics, prompt_tokens),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
     started = time.monotonic()
+    if plan.stream:
+        outputs = await primed(request, merge(_engine_streams(engines, plan, rid)))
+        return StreamingResponse(_stream(plan, outputs, rid, started, settings, engines, metrics, prompt_tokens),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     choices = await until_disconnect(request, lambda: _run(engines, plan, rid))
     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
     completion_tokens = sum(c.tokens for c in choices.values())
@@ -171,15 +172,15 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     return JSONResponse(body)
 
 
-async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManager, metrics: Metrics,
+async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, RequestOutput]], rid: str, started: float,
+                  settings: Settings, engines: EngineManager, metrics: Metrics,
                   prompt_tokens: int) -> AsyncIterator[bytes]:
-    started = time.monotonic()
     first = True
     completion_tokens = 0
     text_offsets: dict[int, int] = {}
     announced: set[int] = set()
     try:
-        async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
+        async for prompt_index, output in outputs:
             for completion in output.outputs:
                 index = prompt_index * plan.n + completion.index
                 if first:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cascade.api.errors import APIError
+from cascade.api.errors import APIError, vllm_client_error
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from cascade.settings import Settings
 
@@ -25,6 +25,18 @@ def _stops(request: SamplingFields, settings: Settings) -> list[str]:
         raise APIError(400, f"At most {settings.max_stop_sequences} stop sequences are allowed",
                        param="stop")
     return stops
+
+
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+
+def _seed(request: SamplingFields) -> int | None:
+    """The engine seeds a ``torch.Generator``, which takes 64 bits; outside that the engine
+    request fails after admission (seen as a false "engine failed" 503), so refuse it here."""
+    low, high = SEED_RANGE
+    if request.seed is not None and not low <= request.seed <= high:
+        raise APIError(400, f"seed must be in {low}..{high}", param="seed", code="invalid_value")
+    return request.seed
 
 
 def _logit_bias(request: SamplingFields, vocab_size: int) -> dict[int, float] | None:
@@ -72,13 +84,22 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
 
     if request.n > settings.max_n:
         raise APIError(400, f"n may be at most {settings.max_n}", param="n")
+    if request.n > 1 and request.temperature == 0:
+        raise APIError(400, "n > 1 needs temperature > 0: greedy decoding gives n identical choices",
+                       param="n", code="invalid_value")
+    if request.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({request.min_tokens}) may not exceed max_tokens ({max_tokens})",
+                       param="min_tokens", code="invalid_value")
+    if any(not word.lstrip() for word in request.bad_words or []):
+        raise APIError(400, "bad_words entries must contain a non-whitespace character", param="bad_words",
+                       code="invalid_value")
     if logprobs is not None and logprobs > settings.max_top_logprobs:
         raise APIError(400, f"logprobs may be at most {settings.max_top_logprobs}", param="logprobs")
     kwargs: dict[str, Any] = {
         "n": request.n,
         "max_tokens": max_tokens,
         "stop": _stops(request, settings),
-        "seed": request.seed,
+        "seed": _seed(request),
         "logprobs": logprobs,
         "logit_bias": _logit_bias(request, vocab_size),
         "ignore_eos": request.ignore_eos,
@@ -97,8 +118,13 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
         kwargs["top_k"] = -1
     try:
         return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise APIError(400, f"Invalid sampling parameters: {exc}") from None
+    except Exception as exc:
+        error = vllm_client_error(exc)
+        if error is not None:
+            raise error from None
+        if isinstance(exc, (ValueError, TypeError)):
+            raise APIError(400, f"Invalid sampling parameters: {exc}") from None
+        raise
 
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:
