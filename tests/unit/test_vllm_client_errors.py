@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from vllm.exceptions import VLLMValidationError
-
 from cascade.api.errors import vllm_client_error
 from cascade.api.streaming import error_payload
+from vllm.exceptions import VLLMValidationError
 
 
 def test_vllm_validation_error_is_a_400_naming_its_parameter() -> None:
