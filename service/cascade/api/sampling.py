@@ -10,6 +10,7 @@ from cascade.settings import Settings
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
 
 def check_model(requested: str, settings: Settings) -> None:
@@ -77,7 +78,8 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Setting
 
 
 def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
-                    vocab_size: int, stream: bool, extra_args: dict[str, Any] | None = None) -> SamplingParams:
+                    vocab_size: int, stream: bool, extra_args: dict[str, Any] | None = None,
+                    structured: StructuredOutputsParams | None = None) -> SamplingParams:
     """Build the engine's sampling parameters; every range was already checked by the models."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -108,6 +110,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
         "bad_words": request.bad_words,
         "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         "extra_args": extra_args,
+        "structured_outputs": structured,
     }
     optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
                 "min_p": request.min_p, "presence_penalty": request.presence_penalty,
@@ -137,9 +140,14 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> No
         if request.echo:
             raise APIError(400, "echo is not supported", param="echo")
     else:
-        if request.tools or request.tool_choice not in (None, "none"):
-            raise APIError(400, "tools are not supported by this model", param="tools")
-        if request.response_format and request.response_format.type != "text":
-            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+        if request.tools and request.tool_choice != "none":
+            raise APIError(400, "tools are not supported by this model; send tool_choice 'none' to pass tools "
+                                "without calling them", param="tools")
+        if request.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice needs tools, which this model does not support", param="tool_choice")
+        for field in ("reasoning_effort", "verbosity"):
+            if getattr(request, field) is not None:
+                raise APIError(400, f"{field} is not supported by this model: it has no reasoning or "
+                                    "verbosity setting", param=field, code="unsupported_parameter")
     if request.stream_options and not request.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
