@@ -29,5 +29,5 @@ USER 10001
 EXPOSE 8000
 VOLUME ["/models/hf-cache", "/var/lib/cascade"]
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
-    CMD ["python3", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4).status == 200 else 1)"]
+    CMD ["python3", "-m", "cascade.healthcheck"]
 ENTRYPOINT ["cascade", "serve"]

@@ -155,12 +155,13 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
         """Top-k-constrained beam search (parameters as ``CascadeClient.kcbs``)."""
         return await self._json(protocol.kcbs_call(prompt, beam_width, steps, **params))
 
-    async def export_topk(self, prompt: str | Sequence[int], top_k: int = 100, **sampling: Any) -> TopkDocument:
+    async def export_topk(self, prompt: str | Sequence[int], compression_top_k: int = 100,
+                          **sampling: Any) -> TopkDocument:
         """One prompt's top-k distributions (parameters as ``CascadeClient.export_topk``)."""
-        return await self._json(protocol.export_topk_call(prompt, top_k, **sampling))
+        return await self._json(protocol.export_topk_call(prompt, compression_top_k, **sampling))
 
-    async def export_topk_to(self, sink: Sink, sources: Sequence[str | Path], top_k: int = 100, *,
+    async def export_topk_to(self, sink: Sink, sources: Sequence[str | Path], compression_top_k: int = 100, *,
                              progress: Progress | None = None, **options: Any) -> ExportStats:
         """Export files and directories to ``sink`` (options as ``CascadeClient.export_topk_to``)."""
         with transport_errors(self.server):
-            return await TopkExporter(self._http, top_k, **options).run(sources, sink, progress)
+            return await TopkExporter(self._http, compression_top_k, **options).run(sources, sink, progress)

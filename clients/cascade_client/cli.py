@@ -148,13 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
                             help="teacher-forced top-k distributions of every position of a corpus, as binary")
     export.add_argument("inputs", nargs="+", metavar="FILE|DIR", help="UTF-8 text files; directories recursively")
     export.add_argument("-o", "--output", required=True, help="binary output file, or - for stdout")
-    export.add_argument("--top-k", type=int, default=100, help="candidates kept per position (default 100)")
+    export.add_argument("--compression-top-k", type=int, default=100,
+                        help="the export's K: candidates kept per position (default 100)")
     export.add_argument("--window", type=int, help="tokens per request (default: the model's length - 1)")
     export.add_argument("--overlap", type=int, default=64, help="context tokens repeated from the previous window")
     export.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     export.add_argument("--temperature", type=float)
     export.add_argument("--top-p", type=float)
-    export.add_argument("--sampling-top-k", type=int, help="the sampling stack's top-k (not the export's k)")
+    export.add_argument("--top-k", type=int, help="the sampling stack's top-k (as on the HTTP API)")
     export.add_argument("--min-p", type=float)
     return parser
 
@@ -186,12 +187,12 @@ def _export(client: CascadeClient, args: argparse.Namespace) -> ExportStats:
     for path in sources:
         if not path.is_file():
             raise CascadeError(0, f"no such file: {path}")
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.sampling_top_k,
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "min_p": args.min_p}
     with _output(args.output) as dst:
         bars = Bars(sum(p.stat().st_size for p in sources), "export") if _show_progress(args) else None
         try:
-            return client.export_topk_to(dst, sources, args.top_k, progress=bars, window=args.window,
+            return client.export_topk_to(dst, sources, args.compression_top_k, progress=bars, window=args.window,
                                          overlap=args.overlap, concurrency=args.concurrency,
                                          sampling={k: v for k, v in sampling.items() if v is not None})
         except ValueError as exc:

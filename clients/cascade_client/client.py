@@ -127,16 +127,18 @@ class CascadeClient(ClientBase[httpx.Client]):
         ``final_prune``, ``temperature``, ``model`` (default: the served model)."""
         return self._json(protocol.kcbs_call(prompt, beam_width, steps, **params))
 
-    def export_topk(self, prompt: str | Sequence[int], top_k: int = 100, **sampling: Any) -> TopkDocument:
+    def export_topk(self, prompt: str | Sequence[int], compression_top_k: int = 100, **sampling: Any) -> TopkDocument:
         """Every position's processed, renormalised top-k for one prompt (text or token ids), as
         arrays: ``targets[n]``, ``ids[n, k]``, ``logprobs[n, k]`` (record ``i`` is token ``i + 1``).
 
-        ``sampling``: ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``logit_bias``,
+        ``compression_top_k`` is the export's K (candidates kept per position), named as on the
+        HTTP API; ``sampling`` is the sampling stack, also named as there: ``temperature``,
+        ``top_p``, ``top_k`` (the sampler's top-k), ``min_p``, ``logit_bias``,
         ``allowed_token_ids``, ``bad_words``, ``model``.
         """
-        return self._json(protocol.export_topk_call(prompt, top_k, **sampling))
+        return self._json(protocol.export_topk_call(prompt, compression_top_k, **sampling))
 
-    def export_topk_to(self, sink: Sink, sources: Sequence[str | Path], top_k: int = 100, *,
+    def export_topk_to(self, sink: Sink, sources: Sequence[str | Path], compression_top_k: int = 100, *,
                        progress: Progress | None = None, **options: Any) -> ExportStats:
         """Export files and directories to ``sink`` in the binary layout, never holding the corpus.
 
@@ -146,7 +148,7 @@ class CascadeClient(ClientBase[httpx.Client]):
         """
         async def run() -> ExportStats:
             async with httpx.AsyncClient(**self._options) as http:
-                return await TopkExporter(http, top_k, **options).run(sources, sink, progress)
+                return await TopkExporter(http, compression_top_k, **options).run(sources, sink, progress)
 
         with transport_errors(self.server):
             return asyncio.run(run())

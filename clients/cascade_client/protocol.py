@@ -423,13 +423,13 @@ def tokenize_call(text: str, *, model: str) -> JsonCall[tuple[list[int], int]]:
     return list(reply["tokens"]), int(reply["max_model_len"])
 
 
-def export_call(prompt: str | Sequence[int], top_k: int = 100, *, model: str | None = None,
+def export_call(prompt: str | Sequence[int], compression_top_k: int = 100, *, model: str | None = None,
                 **sampling: Any) -> JsonCall[tuple[Header, TopkDocument]]:
     """``/v1/completions`` with ``compression``, binary reply: its header and its one document."""
     if model is None:
         model = yield from default_model()
     body = {"model": model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "compression": True,
-            "compression_top_k": top_k, **{k: v for k, v in sampling.items() if v is not None}}
+            "compression_top_k": compression_top_k, **{k: v for k, v in sampling.items() if v is not None}}
     reply = yield RequestSpec("POST", "/v1/completions", headers={"accept": "application/octet-stream"},
                               json=body, binary_reply=True)
     try:
@@ -441,7 +441,7 @@ def export_call(prompt: str | Sequence[int], top_k: int = 100, *, model: str | N
     return header, documents[0]
 
 
-def export_topk_call(prompt: str | Sequence[int], top_k: int = 100, *, model: str | None = None,
+def export_topk_call(prompt: str | Sequence[int], compression_top_k: int = 100, *, model: str | None = None,
                      **sampling: Any) -> JsonCall[TopkDocument]:
     """``/v1/completions`` with ``compression``: every position's processed top-k, as arrays.
 
@@ -449,5 +449,5 @@ def export_topk_call(prompt: str | Sequence[int], top_k: int = 100, *, model: st
     ``top_k``, ``min_p``, ``logit_bias``, ``allowed_token_ids``, ``bad_words``). The reply is the
     binary layout of ``topk_format``: one document, its first record at token index 1.
     """
-    _, document = yield from export_call(prompt, top_k, model=model, **sampling)
+    _, document = yield from export_call(prompt, compression_top_k, model=model, **sampling)
     return document

@@ -24,6 +24,8 @@ from cascade_client.protocol import CascadeError, Progress, default_model, expor
 from cascade_client.topk_format import Header, encode_arrays, encode_header
 
 PIECE_BYTES = 1 << 16
+MAX_PIECE_FACTOR = 16
+_WHITESPACE = {b" ", b"\t", b"\r", b"\n", b"\f", b"\v"}
 
 
 @dataclass
@@ -60,14 +62,28 @@ def iter_sources(paths: Sequence[str | Path]) -> Iterator[Path]:
 
 
 def read_pieces(path: Path, piece_bytes: int = PIECE_BYTES) -> Iterator[bytes]:
-    """``piece_bytes``-sized reads extended to the next newline (tokenisation restarts at line starts)."""
+    """About ``piece_bytes``-sized reads, each ending just before a line that starts with a
+    non-whitespace byte, so that tokenising the pieces one by one gives the whole file's tokens.
+
+    Byte-level BPE pre-tokenisers (GPT-2's regex) never join a token across the boundary between a
+    newline and a following non-space character; they do join whitespace runs (a blank line, a
+    newline and the next line's indentation), so a cut after any newline can split a token. A file with no such
+    line for ``MAX_PIECE_FACTOR`` pieces is cut at a newline anyway (positions may then shift)."""
     with path.open("rb") as handle:
+        carry = b""
         while True:
-            piece = handle.read(piece_bytes)
+            piece = carry + handle.read(max(piece_bytes - len(carry), 0))
+            carry = b""
             if not piece:
                 return
             if not piece.endswith(b"\n"):
                 piece += handle.readline()
+            while len(piece) < piece_bytes * MAX_PIECE_FACTOR:
+                line = handle.readline()
+                if not line or line[:1] not in _WHITESPACE:
+                    carry = line
+                    break
+                piece += line
             yield piece
 
 
@@ -115,12 +131,12 @@ class Windower:
 class TopkExporter:
     """Drives one export over an ``httpx.AsyncClient`` that already has the base URL and auth."""
 
-    def __init__(self, http: httpx.AsyncClient, top_k: int = 100, *, model: str | None = None,
+    def __init__(self, http: httpx.AsyncClient, compression_top_k: int = 100, *, model: str | None = None,
                  window: int | None = None, overlap: int = 64, concurrency: int = 4,
                  sampling: dict[str, Any] | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.http, self.model, self.top_k = http, model or "", top_k
+        self.http, self.model, self.compression_top_k = http, model or "", compression_top_k
         self.window, self.overlap, self.concurrency = window, overlap, concurrency
         self.sampling = sampling or {}
 
@@ -132,10 +148,10 @@ class TopkExporter:
         return await adrive(self.http, tokenize_call(text, model=self.model))
 
     async def _export(self, item: Window) -> tuple[Header, bytes]:
-        header, document = await adrive(self.http, export_call(item.tokens, self.top_k, model=self.model,
+        header, document = await adrive(self.http, export_call(item.tokens, self.compression_top_k, model=self.model,
                                                                **self.sampling))
         skip = item.export_from - (item.first + 1)
-        return header, encode_arrays(item.name, item.export_from, self.top_k, document.targets[skip:],
+        return header, encode_arrays(item.name, item.export_from, self.compression_top_k, document.targets[skip:],
                                      document.ids[skip:], document.logprobs[skip:])
 
     async def _windows(self, sources: Sequence[str | Path], stats: ExportStats,
@@ -187,7 +203,7 @@ class TopkExporter:
             while pending:
                 await write_next()
             if not wrote_header:
-                stats.output_bytes += _write(sink, encode_header(self.top_k, 0), None)
+                stats.output_bytes += _write(sink, encode_header(self.compression_top_k, 0), None)
         finally:
             for task in pending:
                 task.cancel()

@@ -50,7 +50,8 @@ def test_compose_config_validates_when_docker_compose_is_available() -> None:
 def test_dockerfiles_pass_hadolint_and_run_as_non_root(dockerfile: str) -> None:
     text = (REPO / dockerfile).read_text()
     assert re.search(r"^USER 10001$", text, re.M)
-    assert "HEALTHCHECK" in text and "/ready" in text
+    assert re.search(r'^HEALTHCHECK .*\n\s+CMD \["python3", "-m", "cascade.healthcheck"\]', text, re.M), \
+        "the healthcheck must send the API key (cascade.healthcheck reads CASCADE_API_KEY)"
     assert "deploy/install.sh" in text
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     result = subprocess.run([hadolint, str(REPO / dockerfile)], capture_output=True, text=True)
@@ -62,7 +63,8 @@ def test_k8s_manifests_have_probes_gpu_requests_and_matching_selectors() -> None
     service = _load("deploy/k8s/service.yaml")
     hpa = _load("deploy/k8s/hpa.yaml")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    for probe in ("startupProbe", "readinessProbe"):  # /ready needs the key, an httpGet probe cannot send it
+        assert container[probe]["exec"]["command"] == ["python3", "-m", "cascade.healthcheck"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["resources"]["requests"]["nvidia.com/gpu"] == 1
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -88,3 +90,12 @@ def test_dashboard_and_scrape_config_use_metrics_the_service_exports() -> None:
     assert not missing, f"dashboard uses metrics the service does not export: {missing}"
     scrape = _load("deploy/prometheus/prometheus.yml")
     assert scrape["scrape_configs"][0]["metrics_path"] == "/metrics"
+
+
+def test_prometheus_scrapes_with_the_api_key_compose_provides() -> None:
+    scrape = _load("deploy/prometheus/prometheus.yml")["scrape_configs"][0]
+    assert scrape["authorization"]["type"] == "Bearer"
+    compose = _load("docker-compose.yml")
+    assert "cascade_api_key" in compose["services"]["prometheus"]["secrets"]
+    assert compose["secrets"]["cascade_api_key"] == {"environment": "CASCADE_API_KEY"}
+    assert scrape["authorization"]["credentials_file"] == "/run/secrets/cascade_api_key"

@@ -104,3 +104,46 @@ def test_concurrent_kcbs_requests_agree_with_sequential(service: Service) -> Non
 
     for body in asyncio.run(many()):
         assert [s["token_ids"] for s in body["sequences"]] == [s["token_ids"] for s in alone]
+
+
+@pytest.mark.parametrize("body", [{"beam_width": "2", "steps": 2}, {"beam_width": True, "steps": 2},
+                                  {"beam_width": 2, "steps": 2, "final_prune": "yes"},
+                                  {"beam_width": 2, "steps": "2"}])
+def test_wrong_types_are_400_not_coerced(service: Service, body: dict) -> None:
+    r = _kcbs(service, **body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] in set(body)
+
+
+def test_target_token_ids_outside_the_vocabulary_are_400(service: Service) -> None:
+    r = _kcbs(service, beam_width=2, steps=2, target=[1, 10**9])
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "target"
+
+
+def test_captured_probability_is_at_most_one(service: Service) -> None:
+    body = _kcbs(service, prompt="for i in range(", beam_width=4, steps=1).json()
+    assert 0.999 < body["captured_probability"] <= 1.0
+
+
+def test_sequences_report_the_models_own_probability_beside_the_top_k_one(service: Service) -> None:
+    body = _kcbs(service, beam_width=3, steps=4).json()
+    for seq in body["sequences"]:
+        assert seq["model_probability"] == pytest.approx(math.exp(seq["model_logprob"]))
+        assert 0 < seq["model_probability"] <= seq["probability"]
+
+
+def test_a_text_target_matches_a_sequence_with_its_text_in_another_tokenisation(service: Service) -> None:
+    body = _kcbs(service, prompt="def f():\n    pass", beam_width=8, steps=2, target="\n\n").json()
+    same = [i for i, s in enumerate(body["sequences"]) if s["text"] == "\n\n"]
+    assert same, [s["text"] for s in body["sequences"]]
+    assert body["target_match"]["exact"] is True
+    assert set(same) <= set(body["target_match"]["matches"])
+
+
+def test_eos_stop_leaves_the_eos_token_out_of_the_text(service: Service) -> None:
+    body = _kcbs(service, prompt="if __name__ == '__main__':\n    main()\n", beam_width=16, steps=2,
+                 eos="stop").json()
+    stopped = [s for s in body["sequences"] if s["finish_reason"] == "stop"]
+    assert stopped, [s["text"] for s in body["sequences"]]
+    assert all("</s>" not in s["text"] for s in body["sequences"])

@@ -40,6 +40,12 @@ def _localize(script: str, service: Service) -> str:
     return re.sub(r"^curl ", f"curl -H 'authorization: Bearer {service.api_key}' ", script, flags=re.M)
 
 
+def _shown_output(name: str) -> str:
+    """The output a block's ``#`` comment lines show, joined without the comment markers."""
+    script = dict(readme_blocks())[name]
+    return "".join(line.lstrip()[1:].strip() for line in script.splitlines() if line.lstrip().startswith("#"))
+
+
 def _json(out: str) -> dict[str, Any]:
     value: dict[str, Any] = json.loads(out)
     return value
@@ -118,6 +124,14 @@ def check_export_json(out: str, _: Path) -> None:
     assert len(logprobs["content"]) == body["usage"]["prompt_tokens"] - 1 and body["usage"]["completion_tokens"] == 0
     for position in logprobs["content"]:
         assert abs(sum(math.exp(c["logprob"]) for c in position["top_logprobs"]) - 1) < 1e-5
+    first = logprobs["content"][0]
+    best = first["top_logprobs"][0]
+    shown = _shown_output("export-json")
+    for fragment in (f'"prompt_tokens":{body["usage"]["prompt_tokens"]}',
+                     f'{{"token":{json.dumps(first["token"])},"token_id":{first["token_id"]},"logprob":'
+                     f'{json.dumps(first["logprob"] if first["logprob"] is None else round(first["logprob"], 2))}',
+                     f'{{"token":{json.dumps(best["token"])},"token_id":{best["token_id"]},"logprob":{best["logprob"]:.2f}'):
+        assert fragment in shown, f"the README shows other values than the service returns: {fragment}"
 
 
 def check_export_cli(out: str, _: Path) -> None:

@@ -100,6 +100,18 @@ def test_processing_changes_the_distribution_as_expected(service: Service) -> No
     assert banned not in {e["token_id"] for e in biased[4]["top_logprobs"]}
 
 
+def test_a_target_that_survives_top_p_beyond_the_exported_k_has_its_rank(service: Service) -> None:
+    wide = export(service, compression_top_k=200, top_p=0.9)["choices"][0]["logprobs"]["content"]
+    narrow = export(service, compression_top_k=1, top_p=0.9)["choices"][0]["logprobs"]["content"]
+    checked = 0
+    for w, n in zip(wide, narrow, strict=True):
+        survivors = len(w["top_logprobs"])
+        if w["rank"] is not None and 1 < w["rank"] <= survivors < 200:
+            assert n["rank"] == w["rank"], (w["token"], w["rank"], n["rank"])
+            checked += 1
+    assert checked >= 3
+
+
 def test_export_is_prefill_only(service: Service) -> None:
     result = export(service)
     assert result["choices"][0]["text"] == ""
@@ -165,6 +177,7 @@ def test_openai_sdk_can_request_an_export(openai_client: Any) -> None:
 @pytest.mark.parametrize(("fields", "param"), [
     ({"n": 2}, "n"), ({"max_tokens": 4}, "max_tokens"), ({"compression_top_k": 0}, "compression_top_k"),
     ({"compression_top_k": 100000}, "compression_top_k"), ({"temperature": 0}, "temperature"),
+    ({"temperature": 0.005}, "temperature"),
     ({"logprobs": 2}, "logprobs"), ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"), ({"echo": True}, "echo"),
 ])

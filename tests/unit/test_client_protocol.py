@@ -28,6 +28,7 @@ from cascade_client.protocol import (
     SSEParser,
     error_for,
     error_from_body,
+    export_call,
 )
 
 EXPANSION = 3  # the fake's reply is larger than its input, like SSE base64 of a poorly compressible file
@@ -241,3 +242,9 @@ def test_a_failing_source_ends_the_exchange_with_its_own_error(fake_server: str)
 
     with pytest.raises(OSError, match="disk on fire"):
         asyncio.run(run())
+
+
+def test_export_k_and_sampling_top_k_are_separate_names() -> None:
+    spec = next(export_call("def f():", 50, model="m", top_k=20, temperature=0.5))
+    assert spec.json is not None
+    assert (spec.json["compression_top_k"], spec.json["top_k"], spec.json["temperature"]) == (50, 20, 0.5)

@@ -84,12 +84,39 @@ def is_engine_failure(exc: BaseException) -> bool:
     return "EngineDeadError" in names
 
 
+def vllm_client_error(exc: BaseException) -> APIError | None:
+    """vLLM's request-validation errors as the 400 they are, or ``None`` for anything else.
+
+    vLLM raises ``VLLMValidationError`` (a ``VLLMClientError``, *not* a ``ValueError``) both when
+    ``SamplingParams`` is built and when the engine admits a request (``bad_words`` that tokenise
+    to nothing, a structured-output schema it cannot compile). Checked by class name, like
+    ``is_engine_failure``, so this module needs no vLLM import."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "VLLMClientError" not in names:
+        return None
+    message = str(exc.args[0]) if exc.args else str(exc)
+    param = getattr(exc, "parameter", None)
+    return APIError(400, f"Invalid request: {message}", param=param if isinstance(param, str) else None,
+                    code="invalid_value")
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Every failure path answers in OpenAI's shape; unexpected errors are 500 without internals."""
+    """Every failure path answers in OpenAI's shape; unexpected errors are 500 without internals.
+
+    vLLM's client errors get their own handler: the catch-all ``Exception`` handler runs in
+    Starlette's outermost middleware, which re-raises after answering, and the server then closes
+    the keep-alive connection under the client."""
+    from vllm.exceptions import VLLMClientError
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(VLLMClientError)
+    async def _vllm_client_error(_: Request, exc: VLLMClientError) -> JSONResponse:
+        error = vllm_client_error(exc)
+        assert error is not None
+        return error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
@@ -28,6 +28,10 @@ router = APIRouter(prefix="/v1", tags=["kcbs"])
 
 
 class KcbsRequest(StrictModel):
+    """Strict types: ``"2"`` or ``true`` for a number, ``"yes"`` for a flag are 400s, not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     model: str
     prompt: str | list[int] | None = None
     messages: list[ChatMessage] | None = None
@@ -48,9 +52,16 @@ class KcbsRequest(StrictModel):
         return self
 
 
+def _text(seq: KcbsSequence, tokenizer: Any) -> str:
+    """The sequence's text as chat/completions show it: special tokens (EOS under "stop") left out."""
+    return str(tokenizer.decode(list(seq.token_ids), skip_special_tokens=True))
+
+
 def _sequence(seq: KcbsSequence, tokenizer: Any, include_ids: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"text": tokenizer.decode(list(seq.token_ids)), "score": seq.score,
-                           "probability": seq.probability, "finish_reason": seq.finish_reason}
+    model_probability = math.exp(seq.model_logprob) if seq.model_logprob is not None else None
+    out: dict[str, Any] = {"text": _text(seq, tokenizer), "score": seq.score,
+                           "probability": seq.probability, "model_logprob": seq.model_logprob,
+                           "model_probability": model_probability, "finish_reason": seq.finish_reason}
     if include_ids:
         out["token_ids"] = list(seq.token_ids)
     return out
@@ -60,6 +71,9 @@ async def _target_ids(body: KcbsRequest, engines: EngineManager) -> list[int] | 
     if body.target is None:
         return None
     if isinstance(body.target, list):
+        vocab = len(engines.tokenizer)
+        if any(not 0 <= t < vocab for t in body.target):
+            raise APIError(400, f"target token ids must be in 0..{vocab - 1}", param="target")
         return body.target
     check_fits(len(body.target), body.steps + body.max_edit_distance, engines.tokenizer, "target",
                "a match (steps + max_edit_distance)")
@@ -77,7 +91,9 @@ def _result(body: KcbsRequest, search: KcbsSearch, rid: str, settings: Settings,
         "usage": {"prompt_tokens": prompt_len, "steps": result.steps, "rows_evaluated": result.rows_evaluated},
     }
     if target is not None:
-        match = match_target(result, target, body.max_edit_distance)
+        same_text = [_text(s, tokenizer) == body.target for s in result.sequences] \
+            if isinstance(body.target, str) else None
+        match = match_target(result, target, body.max_edit_distance, same_text)
         payload["target_match"] = {"exact": match.exact, "near_verbatim_probability":
                                    match.near_verbatim_probability, "matches": match.matches}
     return payload

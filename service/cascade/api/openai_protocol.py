@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -128,10 +128,24 @@ class TextPart(StrictModel):
     text: str
 
 
+class MediaPart(BaseModel):
+    """An OpenAI image/audio/file content part: parsed only so it can be refused by name (this
+    model reads text), instead of failing as "not a valid string"."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image_url", "input_image", "input_audio", "file"]
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
+
+    def media(self) -> str | None:
+        """The type of the first non-text content part, if any."""
+        if isinstance(self.content, list):
+            return next((part.type for part in self.content if isinstance(part, MediaPart)), None)
+        return None
 
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
@@ -139,12 +153,23 @@ class ChatMessage(StrictModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+
+class JsonSchema(StrictModel):
+    """OpenAI's ``response_format.json_schema``: a named schema, ``strict`` or not."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(default_factory=dict)
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, object] | None = None
+    json_schema: JsonSchema | None = None
 
 
 class ChatCompletionRequest(SamplingFields, PredictionFields):
@@ -157,6 +182,16 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
+    # Accepted and without effect on the result (bookkeeping on OpenAI's side; the text modality).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    modalities: list[Literal["text"]] | None = None
+    # Parsed only to be refused by name: they would change the result and this model has no such knob.
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
 
 
 class TokenizeRequest(StrictModel):

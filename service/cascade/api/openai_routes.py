@@ -26,8 +26,14 @@ from cascade.api.openai_protocol import (
     TokenizeRequest,
 )
 from cascade.api.predictions import PredictionUsage, prediction_args
-from cascade.api.sampling import check_model, resolve_max_tokens, sampling_params, unsupported_fields
-from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
+from cascade.api.sampling import (
+    check_model,
+    resolve_max_tokens,
+    sampling_params,
+    unsupported_fields,
+)
+from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, primed, sse_data, until_disconnect
+from cascade.api.structured import structured_outputs
 from cascade.api.topk_export import export_completion
 from cascade.codec.pipeline import CodecPipeline, CodecUnavailableError
 from cascade.codec.sampling_codec import SamplingEncoder
@@ -67,6 +73,13 @@ class Plan:
     role: EngineRole = EngineRole.MAIN
     predictions: PredictionUsage = field(default_factory=PredictionUsage)
     codec: SamplingEncoder | None = None
+    continuous_usage: bool = False
+    cached_tokens: dict[int, int] = field(default_factory=dict)
+
+    def observe_prompt(self, prompt_index: int, output: RequestOutput) -> None:
+        """Remember how many prompt tokens the engine's prefix cache served (vLLM reports it per prompt)."""
+        if output.num_cached_tokens is not None:
+            self.cached_tokens[prompt_index] = output.num_cached_tokens
 
     def observe(self, completion: Any) -> list[str]:
         """Collect per-sequence statistics; returns codec chunks that became final (encode mode)."""
@@ -78,14 +91,20 @@ def _top_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
-def _logprob_entries(completion: Any, top_n: int | None) -> list[dict[str, Any]]:
-    """OpenAI per-token entries; vLLM's dict holds the top ``top_n`` plus the sampled token."""
+def _logprob_entries(completion: Any, top_n: int | None, kind: Kind) -> list[dict[str, Any]]:
+    """OpenAI per-token entries; vLLM's dict holds the top ``top_n`` plus the sampled token.
+
+    Chat's ``top_logprobs`` are the ``top_n`` best; completions' also hold the sampled token
+    (OpenAI's legacy rule, so ``logprobs: 0`` still shows it)."""
     if top_n is None or completion.logprobs is None:
         return []
     entries = []
     for token_id, logprobs in zip(completion.token_ids, completion.logprobs, strict=False):
         chosen = logprobs[token_id]
-        best = sorted(logprobs.values(), key=lambda lp: -lp.logprob)[:top_n]
+        ranked = sorted(logprobs.items(), key=lambda item: -item[1].logprob)
+        best = [lp for tid, lp in ranked[:top_n] if kind == "chat" or tid != token_id]
+        if kind == "completion":
+            best = sorted([*best, chosen], key=lambda lp: -lp.logprob)
         entry = _top_entry(chosen.decoded_token or "", chosen.logprob)
         entry["top_logprobs"] = [_top_entry(lp.decoded_token or "", lp.logprob) for lp in best]
         entries.append(entry)
@@ -107,6 +126,7 @@ def _render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int
 def _usage(prompt_tokens: int, completion_tokens: int, plan: Plan) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(plan.cached_tokens.values())},
             "completion_tokens_details": plan.predictions.details()}
 
 
@@ -117,11 +137,12 @@ def _engine_streams(engines: EngineManager, plan: Plan, rid: str) -> list[AsyncI
 async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice]:
     choices: dict[int, Choice] = {}
     async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
+        plan.observe_prompt(prompt_index, output)
         for completion in output.outputs:
             choice = choices.setdefault(prompt_index * plan.n + completion.index, Choice())
             choice.text += completion.text
             choice.tokens += len(completion.token_ids)
-            choice.logprobs += _logprob_entries(completion, plan.top_logprobs)
+            choice.logprobs += _logprob_entries(completion, plan.top_logprobs, plan.kind)
             choice.finish_reason = completion.finish_reason or choice.finish_reason
             plan.observe(completion)
     return choices
@@ -145,10 +166,11 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     rid = request_id(request)
     prompt_tokens = sum(len(p) for p in plan.prompts)
     metrics.prompt_tokens.labels(plan.kind).inc(prompt_tokens)
-    if plan.stream:
-        return StreamingResponse(_stream(plan, rid, settings, engines, metrics, prompt_tokens),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
     started = time.monotonic()
+    if plan.stream:
+        outputs = await primed(request, merge(_engine_streams(engines, plan, rid)))
+        return StreamingResponse(_stream(plan, outputs, rid, started, settings, engines, metrics, prompt_tokens),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     choices = await until_disconnect(request, lambda: _run(engines, plan, rid))
     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
     completion_tokens = sum(c.tokens for c in choices.values())
@@ -173,15 +195,16 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     return JSONResponse(body)
 
 
-async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManager, metrics: Metrics,
+async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, RequestOutput]], rid: str, started: float,
+                  settings: Settings, engines: EngineManager, metrics: Metrics,
                   prompt_tokens: int) -> AsyncIterator[bytes]:
-    started = time.monotonic()
     first = True
     completion_tokens = 0
     text_offsets: dict[int, int] = {}
     announced: set[int] = set()
     try:
-        async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
+        async for prompt_index, output in outputs:
+            plan.observe_prompt(prompt_index, output)
             for completion in output.outputs:
                 index = prompt_index * plan.n + completion.index
                 if first:
@@ -190,7 +213,7 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                 completion_tokens += len(completion.token_ids)
                 codec_chunks = plan.observe(completion)
                 metrics.completion_tokens.labels(plan.kind).inc(len(completion.token_ids))
-                entries = _logprob_entries(completion, plan.top_logprobs)
+                entries = _logprob_entries(completion, plan.top_logprobs, plan.kind)
                 logprobs = None
                 if plan.top_logprobs is not None:
                     logprobs = _render_logprobs(plan.kind, entries, text_offsets.get(index, 0))
@@ -213,7 +236,7 @@ async def _stream(plan: Plan, rid: str, settings: Settings, engines: EngineManag
                         chunk["codec"] = plan.codec.summary()
                     chunk["codec_chunks"] = codec_chunks
                 if plan.include_usage:
-                    chunk["usage"] = None
+                    chunk["usage"] = _usage(prompt_tokens, completion_tokens, plan) if plan.continuous_usage else None
                 yield sse_data(chunk)
         _count_predictions(metrics, plan)
         if plan.include_usage:
@@ -260,10 +283,29 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
     return out
 
 
+def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages for the chat template; a ``name`` goes to the template when the template reads
+    names, and is refused otherwise (dropping it would silently change the conversation)."""
+    reads_names = "name" in str(getattr(tokenizer, "chat_template", None) or "")
+    messages = []
+    for i, message in enumerate(chat):
+        if (media := message.media()) is not None:
+            raise APIError(400, f"{media} content parts are not supported: this model reads text only",
+                           param=f"messages.{i}.content", code="unsupported_content")
+        rendered = {"role": message.role, "content": message.text()}
+        if message.name is not None:
+            if not reads_names:
+                raise APIError(400, "message names are not supported: this model's chat template does not use "
+                                    "them", param=f"messages.{i}.name", code="unsupported_parameter")
+            rendered["name"] = message.name
+        messages.append(rendered)
+    return messages
+
+
 async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int) -> list[int]:
     """Render messages with the model's chat template, then tokenise (refused first when the
     messages alone cannot fit in ``max_len`` tokens)."""
-    messages = [{"role": m.role, "content": m.text()} for m in chat]
+    messages = _template_messages(engines.tokenizer, chat)
     check_fits(sum(len(m["content"]) for m in messages), max_len, engines.tokenizer, "messages")
     try:
         text = engines.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -273,17 +315,36 @@ async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessa
     return _check_token_ids(await tokenize_text(engines.tokenizer, str(text)), len(engines.tokenizer))
 
 
+def _continuous_usage(request: SamplingFields) -> bool:
+    """``stream_options.continuous_usage_stats`` (vLLM's extension): every chunk carries the usage
+    so far, and the final usage chunk follows as with ``include_usage``."""
+    options = request.stream_options
+    return bool(request.stream and options and options.continuous_usage_stats)
+
+
 def _stream_flags(request: SamplingFields) -> tuple[bool, bool]:
-    include_usage = bool(request.stream and request.stream_options and request.stream_options.include_usage)
+    options = request.stream_options
+    include_usage = bool(request.stream and options and (options.include_usage or options.continuous_usage_stats))
     return request.stream, include_usage
+
+
+def _model_card(settings: Settings, engines: EngineManager) -> dict[str, Any]:
+    return {"id": settings.model_name, "object": "model", "created": int(engines.started_at), "owned_by": "cascade",
+            "max_model_len": settings.max_model_len}
 
 
 @router.get("/models")
 async def list_models(settings: Settings = Depends(get_settings),
                       engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": settings.model_name, "object": "model",
-                                        "created": int(engines.started_at), "owned_by": "cascade",
-                                        "max_model_len": settings.max_model_len}]}
+    return {"object": "list", "data": [_model_card(settings, engines)]}
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
+                         engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
+    """The SDK's ``models.retrieve``; an id this service does not serve is OpenAI's 404."""
+    check_model(model, settings)
+    return _model_card(settings, engines)
 
 
 @router.post("/tokenize")
@@ -321,7 +382,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                              vocab_size=len(engines.tokenizer), stream=stream, extra_args=extra)
     plan = Plan("completion", prompts, params, body.n, stream, include_usage, body.logprobs,
-                role=EngineRole.PREDICT if extra else EngineRole.MAIN)
+                role=EngineRole.PREDICT if extra else EngineRole.MAIN, continuous_usage=_continuous_usage(body))
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -451,7 +512,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     stream, include_usage = _stream_flags(body)
     extra = await prediction_args(body, engines, settings)
     params = sampling_params(body, max_tokens=max_tokens, logprobs=top, settings=settings,
-                             vocab_size=len(engines.tokenizer), stream=stream, extra_args=extra)
+                             vocab_size=len(engines.tokenizer), stream=stream, extra_args=extra,
+                             structured=structured_outputs(body))
     plan = Plan("chat", [prompt], params, body.n, stream, include_usage, top,
-                role=EngineRole.PREDICT if extra else EngineRole.MAIN)
+                role=EngineRole.PREDICT if extra else EngineRole.MAIN, continuous_usage=_continuous_usage(body))
     return await _respond(request, plan, settings, engines, metrics)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cascade.api.errors import APIError
+from cascade.api.errors import APIError, vllm_client_error
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from cascade.settings import Settings
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
 
 def check_model(requested: str, settings: Settings) -> None:
@@ -25,6 +26,18 @@ def _stops(request: SamplingFields, settings: Settings) -> list[str]:
         raise APIError(400, f"At most {settings.max_stop_sequences} stop sequences are allowed",
                        param="stop")
     return stops
+
+
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+
+def _seed(request: SamplingFields) -> int | None:
+    """The engine seeds a ``torch.Generator``, which takes 64 bits; outside that the engine
+    request fails after admission (seen as a false "engine failed" 503), so refuse it here."""
+    low, high = SEED_RANGE
+    if request.seed is not None and not low <= request.seed <= high:
+        raise APIError(400, f"seed must be in {low}..{high}", param="seed", code="invalid_value")
+    return request.seed
 
 
 def _logit_bias(request: SamplingFields, vocab_size: int) -> dict[int, float] | None:
@@ -65,20 +78,30 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Setting
 
 
 def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
-                    vocab_size: int, stream: bool, extra_args: dict[str, Any] | None = None) -> SamplingParams:
+                    vocab_size: int, stream: bool, extra_args: dict[str, Any] | None = None,
+                    structured: StructuredOutputsParams | None = None) -> SamplingParams:
     """Build the engine's sampling parameters; every range was already checked by the models."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     if request.n > settings.max_n:
         raise APIError(400, f"n may be at most {settings.max_n}", param="n")
+    if request.n > 1 and request.temperature == 0:
+        raise APIError(400, "n > 1 needs temperature > 0: greedy decoding gives n identical choices",
+                       param="n", code="invalid_value")
+    if request.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({request.min_tokens}) may not exceed max_tokens ({max_tokens})",
+                       param="min_tokens", code="invalid_value")
+    if any(not word.lstrip() for word in request.bad_words or []):
+        raise APIError(400, "bad_words entries must contain a non-whitespace character", param="bad_words",
+                       code="invalid_value")
     if logprobs is not None and logprobs > settings.max_top_logprobs:
         raise APIError(400, f"logprobs may be at most {settings.max_top_logprobs}", param="logprobs")
     kwargs: dict[str, Any] = {
         "n": request.n,
         "max_tokens": max_tokens,
         "stop": _stops(request, settings),
-        "seed": request.seed,
+        "seed": _seed(request),
         "logprobs": logprobs,
         "logit_bias": _logit_bias(request, vocab_size),
         "ignore_eos": request.ignore_eos,
@@ -87,6 +110,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
         "bad_words": request.bad_words,
         "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         "extra_args": extra_args,
+        "structured_outputs": structured,
     }
     optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
                 "min_p": request.min_p, "presence_penalty": request.presence_penalty,
@@ -97,8 +121,13 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
         kwargs["top_k"] = -1
     try:
         return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise APIError(400, f"Invalid sampling parameters: {exc}") from None
+    except Exception as exc:
+        error = vllm_client_error(exc)
+        if error is not None:
+            raise error from None
+        if isinstance(exc, (ValueError, TypeError)):
+            raise APIError(400, f"Invalid sampling parameters: {exc}") from None
+        raise
 
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:
@@ -111,9 +140,14 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> No
         if request.echo:
             raise APIError(400, "echo is not supported", param="echo")
     else:
-        if request.tools or request.tool_choice not in (None, "none"):
-            raise APIError(400, "tools are not supported by this model", param="tools")
-        if request.response_format and request.response_format.type != "text":
-            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+        if request.tools and request.tool_choice != "none":
+            raise APIError(400, "tools are not supported by this model; send tool_choice 'none' to pass tools "
+                                "without calling them", param="tools")
+        if request.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice needs tools, which this model does not support", param="tool_choice")
+        for field in ("reasoning_effort", "verbosity"):
+            if getattr(request, field) is not None:
+                raise APIError(400, f"{field} is not supported by this model: it has no reasoning or "
+                                    "verbosity setting", param=field, code="unsupported_parameter")
     if request.stream_options and not request.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from cascade.api.errors import APIError, error_body, is_engine_failure
+from cascade.api.errors import APIError, error_body, is_engine_failure, vllm_client_error
 from cascade.engine.manager import EngineNotReadyError
 
 T = TypeVar("T")
@@ -34,6 +34,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 def error_payload(exc: BaseException) -> dict[str, Any]:
     """What a stream sends when it fails after the 200 header went out; ``status`` is the one the
     same failure would have had as a plain reply."""
+    if (client_error := vllm_client_error(exc)) is not None:
+        exc = client_error
     if isinstance(exc, APIError):
         status, body = exc.status, error_body(exc.status, exc.message, exc.param, exc.code)
     elif isinstance(exc, EngineNotReadyError):
@@ -67,7 +69,7 @@ async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]], p
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+async def merge(streams: list[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
     """Interleave several async iterators as items arrive, tagging each with its stream index."""
     if len(streams) == 1:
         async for item in streams[0]:
@@ -100,6 +102,36 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def primed(request: Request, stream: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+    """Wait for ``stream``'s first item before the 200 goes out, then yield it and the rest.
+
+    vLLM validates a request when the engine admits it, i.e. on the first item; waiting for it
+    turns an invalid request into a plain 4xx instead of a 200 followed by an error event."""
+
+    async def first() -> tuple[bool, T | None]:
+        try:
+            return True, await anext(stream)
+        except StopAsyncIteration:
+            return False, None
+
+    try:
+        has_first, item = await until_disconnect(request, first)
+    except BaseException:
+        await stream.aclose()
+        raise
+
+    async def chained() -> AsyncIterator[T]:
+        try:
+            if has_first:
+                yield item  # type: ignore[misc]
+            async for rest in stream:
+                yield rest
+        finally:
+            await stream.aclose()
+
+    return chained()
 
 
 class BodyThenDisconnectResponse(StreamingResponse):

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from vllm import SamplingParams
 
 OCTET = "application/octet-stream"
+MIN_TEMPERATURE = 0.01
 STREAM_BATCH = 64
 _REFUSED = {
     "prediction": "prediction", "codec": "codec", "logprobs": "logprobs", "presence_penalty": "presence_penalty",
@@ -52,9 +53,9 @@ def validate_export(body: CompletionRequest, settings: Settings) -> int:
             raise APIError(400, f"{param} cannot be combined with compression", param=param)
     if body.min_tokens:
         raise APIError(400, "min_tokens cannot be combined with compression", param="min_tokens")
-    if body.temperature == 0:
-        raise APIError(400, "compression needs temperature > 0 (1 gives the model's own distribution)",
-                       param="temperature")
+    if body.temperature is not None and body.temperature < MIN_TEMPERATURE:
+        raise APIError(400, f"compression needs temperature >= {MIN_TEMPERATURE} (vLLM raises anything lower to "
+                            f"{MIN_TEMPERATURE}; 1 gives the model's own distribution)", param="temperature")
     k = body.compression_top_k
     if not 1 <= k <= settings.max_export_top_k:
         raise APIError(400, f"compression_top_k must be in 1..{settings.max_export_top_k}", param="compression_top_k")

@@ -95,4 +95,44 @@ def process_prompt_logits(logits: torch.Tensor, params: Any, prompt: Sequence[in
         return out
     ids, alive = _truncation_mask(out, params, min(max(keep, params.top_k or 0), out.shape[1]))
     kept = torch.full_like(out, float("-inf"))
-    return kept.scatter_(1, ids, out.gather(1, ids).masked_fill(~alive, float("-inf")))
+    kept.scatter_(1, ids, out.gather(1, ids).masked_fill(~alive, float("-inf")))
+    _keep_surviving_targets(out, kept, params, prompt, first_context)
+    return kept
+
+
+def _keep_surviving_targets(out: torch.Tensor, kept: torch.Tensor, params: Any, prompt: Sequence[int],
+                            first_context: int) -> None:
+    """Where a row's actual token survives min-p, top-k and top-p but lies beyond the ``keep`` best,
+    keep it and every token ahead of it finite, so the engine reports its true rank (the export
+    still returns only its K best; those ahead of a survivor survive too, the masks are monotone)."""
+    rows = min(out.shape[0], len(prompt) - first_context)
+    if rows <= 0:
+        return
+    targets = torch.tensor(list(prompt[first_context:first_context + rows]), device=out.device, dtype=torch.long)
+    logits = out[:rows]
+    target_logit = logits.gather(1, targets[:, None])
+    beyond = ~torch.isfinite(kept[:rows].gather(1, targets[:, None]))[:, 0] & torch.isfinite(target_logit)[:, 0]
+    if not bool(beyond.any()):
+        return
+    logits, target_logit = logits[beyond], target_logit[beyond]
+    ahead = logits > target_logit
+    survives = torch.ones(logits.shape[0], dtype=torch.bool, device=out.device)
+    alive = torch.ones_like(logits, dtype=torch.bool)
+    if params.min_p:
+        floor = logits.max(dim=-1, keepdim=True).values + math.log(params.min_p)
+        survives &= (target_logit >= floor)[:, 0]
+        alive &= logits >= floor
+    vocab = out.shape[1]
+    if params.top_k and 0 < params.top_k < vocab:
+        survives &= ahead.sum(dim=-1) < params.top_k
+    if params.top_p < 1.0:
+        if params.top_k and 0 < params.top_k < vocab:
+            alive &= logits >= logits.topk(params.top_k, dim=-1).values[:, -1:]
+        masked = logits.masked_fill(~alive, float("-inf"))
+        log_ahead = torch.logsumexp(masked.masked_fill(~ahead, float("-inf")), dim=-1)
+        survives &= (log_ahead - torch.logsumexp(masked, dim=-1)).exp() < params.top_p
+    if not bool(survives.any()):
+        return
+    row_index = torch.nonzero(beyond)[:, 0][survives]
+    chosen = logits[survives]
+    kept[row_index] = chosen.masked_fill(chosen < target_logit[survives], float("-inf"))

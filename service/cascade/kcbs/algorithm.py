@@ -4,12 +4,21 @@ The search never calls a model: `pending()` names the rows that need a next-toke
 `advance()` takes each row's top-k log-probabilities. That lets an async driver batch the rows of many
 concurrent searches into one engine step, and lets tests drive the exact same code with fixed logits.
 
-Every score is a log-probability under the top-k sampling distribution (each step's top-k renormalised).
+Every score is a log-probability under top-k sampling with k = `beam_width`, the caller's temperature,
+and (with the "block" policy) EOS suppressed: each step's top-k of the processed distribution,
+renormalised. That is *not* a bound for ordinary (untruncated) sampling, where a sequence can be far less
+likely; so each sequence also carries `model_logprob`, the model's own log-probability of its tokens
+(full vocabulary, temperature 1, no renormalisation), when the driver supplies the raw values.
+
+EOS policy: "block" masks EOS at every step 1..T, the last included, so every returned sequence has
+exactly T tokens and none ends with EOS. "stop" leaves EOS in the top-k; a beam that takes it ends there
+(finish_reason "stop") and is never extended.
+
 The sequences a search returns are prefix-free: live sequences all have the same length and contain no
 EOS, and a sequence that emitted EOS is never extended. So `captured_probability` is exactly the
 probability that top-k sampling produces one of them (a deterministic lower bound on any event they
-cover), and since prefix-free sequences are disjoint events it is at most 1. It can exceed 1 only by
-rounding (each score carries an O(steps·ε) error; `math.fsum` adds the terms exactly), so it is not clamped.
+cover), and since prefix-free sequences are disjoint events it is at most 1. Rounding (each score
+carries an O(steps·ε) error) can push the sum a few ulps above 1; it is clamped to 1.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ FinishReason = Literal["stop", "length"]
 
 MAX_BEAM_WIDTH = 64
 
-StepResult = tuple[Sequence[int], Sequence[float]]
+StepResult = tuple[Sequence[int], Sequence[float]] | tuple[Sequence[int], Sequence[float], Sequence[float]]
+"""Per row: top-k token ids, their processed log-probabilities, and optionally the model's own (raw)
+log-probabilities of the same tokens (for `model_logprob`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,7 @@ class KcbsSequence:
     score: float
     probability: float
     finish_reason: FinishReason | None
+    model_logprob: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +79,7 @@ class _Entry:
     token_ids: tuple[int, ...]
     score: float
     finished: bool
+    model_logprob: float | None = 0.0
 
 
 def _rank(entry: _Entry) -> tuple[float, tuple[int, ...]]:
@@ -149,8 +162,8 @@ class KcbsSearch:
         if len(results) != len(rows):
             raise ValueError(f"expected results for {len(rows)} pending rows, got {len(results)}")
         pool = [e for e in self._beam if e.finished]
-        for row, (token_ids, logprobs) in zip(rows, results, strict=True):
-            pool.extend(self._expand(row, token_ids, logprobs))
+        for row, result in zip(rows, results, strict=True):
+            pool.extend(self._expand(row, *result))
         self._step += 1
         self._rows_evaluated += len(rows)
         if self._step == self._steps and not self._final_prune:
@@ -158,9 +171,11 @@ class KcbsSearch:
         else:
             self._beam = heapq.nsmallest(self._beam_width, pool, key=_rank)
 
-    def _expand(self, row: _Entry, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[_Entry]:
-        if len(token_ids) != len(logprobs):
+    def _expand(self, row: _Entry, token_ids: Sequence[int], logprobs: Sequence[float],
+                model_logprobs: Sequence[float] | None = None) -> list[_Entry]:
+        if len(token_ids) != len(logprobs) or (model_logprobs is not None and len(model_logprobs) != len(logprobs)):
             raise ValueError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs for one row")
+        raw = dict(zip(token_ids, model_logprobs, strict=True)) if model_logprobs is not None else {}
         if len(token_ids) > self._beam_width:
             raise ValueError(f"{len(token_ids)} tokens for one row, more than beam_width={self._beam_width}")
         if len(set(token_ids)) != len(token_ids):
@@ -183,6 +198,7 @@ class KcbsSearch:
                 (*row.token_ids, token),
                 row.score + (lp - log_mass),
                 stop_on_eos and token == self._eos_token_id,
+                row.model_logprob + float(raw[token]) if row.model_logprob is not None and token in raw else None,
             )
             for token, lp in kept
         ]
@@ -195,6 +211,7 @@ class KcbsSearch:
                 e.score,
                 math.exp(e.score),
                 "stop" if e.finished else ("length" if finished else None),
+                e.model_logprob if e.token_ids else None,
             )
             for e in self._beam
         )
@@ -210,7 +227,7 @@ class KcbsSearch:
         sequences = self._sequences()
         return KcbsResult(
             sequences=sequences,
-            captured_probability=math.fsum(s.probability for s in sequences),
+            captured_probability=min(1.0, math.fsum(s.probability for s in sequences)),
             steps=self._step,
             rows_evaluated=self._rows_evaluated,
         )

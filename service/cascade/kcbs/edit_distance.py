@@ -68,10 +68,14 @@ def _comparable_ids(sequence: KcbsSequence) -> tuple[int, ...]:
     return sequence.token_ids
 
 
-def match_target(result: KcbsResult, target_ids: Sequence[int], max_edit_distance: int) -> TargetMatch:
+def match_target(result: KcbsResult, target_ids: Sequence[int], max_edit_distance: int,
+                 same_text: Sequence[bool] | None = None) -> TargetMatch:
     """Compare every returned sequence with the target continuation.
 
     A sequence that ended with EOS is compared without its EOS token, since EOS is no part of the text.
+    ``same_text[i]`` marks sequences whose text equals a text target: they are exact matches whatever
+    their tokenisation (the model may write a blank line as two newline tokens where the tokenizer
+    uses one).
     Beams share long prefixes, so sequences are visited in lexicographic order and the table rows of the
     common prefix are reused: about (steps·k + k²) rows instead of k²·steps.
     """
@@ -92,6 +96,8 @@ def match_target(result: KcbsResult, target_ids: Sequence[int], max_edit_distanc
         computed = ids[: len(rows) - 1]
         if len(rows) == len(ids) + 1:
             distances[index] = rows[-1][-1]
+    if same_text is not None:
+        distances = [0 if same else d for d, same in zip(distances, same_text, strict=True)]
     matches = [i for i, d in enumerate(distances) if d <= bound]
     return TargetMatch(
         exact=any(distances[i] == 0 for i in matches),

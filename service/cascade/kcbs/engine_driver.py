@@ -4,7 +4,8 @@ All rows of a step (and of every concurrent search) are submitted at once, so th
 them; the shared prompt is prefilled once and reused through vLLM's prefix cache, so a row costs
 the prefill of its own suffix only. The engine reports raw log-probabilities; the processed
 top-k distribution at temperature τ only needs ``raw/τ`` over the top-k, because the full-vocab
-normaliser cancels in the per-step renormalisation.
+normaliser cancels in the per-step renormalisation. The raw values are passed on too: they are
+the model's own log-probabilities (``model_logprob`` of a sequence).
 """
 
 from __future__ import annotations
@@ -35,15 +36,17 @@ async def _row_topk(engines: EngineManager, prompt: Sequence[int], row: BeamRow,
     ranked = sorted(final.outputs[0].logprobs[0].items(), key=lambda kv: (-kv[1].logprob, kv[0]))
     ids: list[int] = []
     logprobs: list[float] = []
+    raw: list[float] = []
     for token_id, lp in ranked:
         if mask_eos and token_id == eos_id:
             continue
         if math.isfinite(lp.logprob):
             ids.append(token_id)
             logprobs.append(lp.logprob / temperature)
+            raw.append(lp.logprob)
         if len(ids) == k:
             break
-    return ids, logprobs
+    return ids, logprobs, raw
 
 
 _LIVE_SEARCHES: set[str] = set()

@@ -64,3 +64,22 @@ def test_bias_allowed_tokens_and_bad_words_apply_per_position() -> None:
     assert torch.isinf(out[:, [0, 5, 6, 7]]).all() and torch.isinf(out[:, 2]).all()
     assert out[0, 4] == 5.0
     assert torch.isinf(out[1, 3]) and torch.isfinite(out[0, 3]) and torch.isfinite(out[2, 3])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), top_k=st.sampled_from([0, 5, 50, 300]), top_p=st.sampled_from([1.0, 0.95, 0.6]),
+       min_p=st.sampled_from([0.0, 0.01]), keep=st.sampled_from([1, 4]))
+def test_a_surviving_target_beyond_the_kept_k_keeps_its_true_rank(seed: int, top_k: int, top_p: float, min_p: float,
+                                                                 keep: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 512, generator=generator) * 2
+    targets = torch.randint(0, 512, (6,), generator=generator).tolist()
+    params = SimpleNamespace(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p,
+                             allowed_token_ids=None, logit_bias=None, bad_words_token_ids=None)
+    ours = process_prompt_logits(logits.clone(), params, targets, 0, keep)
+    theirs = vllm_reference(logits.clone(), params)
+    for row, target in enumerate(targets):
+        survives = bool(torch.isfinite(theirs[row, target]))
+        assert bool(torch.isfinite(ours[row, target])) == survives
+        if survives:
+            assert int((ours[row] > ours[row, target]).sum()) == int((theirs[row] > theirs[row, target]).sum())

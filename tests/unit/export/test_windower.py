@@ -32,3 +32,19 @@ def test_pieces_end_at_line_boundaries(tmp_path) -> None:  # type: ignore[no-unt
     pieces = list(read_pieces(path, piece_bytes=100))
     assert b"".join(pieces) == data
     assert all(p.endswith(b"\n") for p in pieces)
+
+
+def test_pieces_tokenise_like_the_whole_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(__file__).resolve().parents[3] / "models/pycoder-23m/tokenizer.json"))
+    path = tmp_path / "f.py"
+    body = "".join(f"def f{i}(x):\n\n    if x:\n        return {i}\n\n\n" for i in range(300))
+    path.write_text(body)
+    pieces = list(read_pieces(path, piece_bytes=100))
+    assert len(pieces) > 10
+    assert all(p[:1] not in (b" ", b"\n") for p in pieces[1:])
+    by_piece = [t for p in pieces for t in tokenizer.encode(p.decode(), add_special_tokens=False).ids]
+    assert by_piece == tokenizer.encode(body, add_special_tokens=False).ids
