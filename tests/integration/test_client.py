@@ -160,5 +160,5 @@ def test_client_receives_container_chunks_while_still_uploading(service: Service
         yield TEXT * 2
 
     with CascadeClient(service.base_url, service.api_key) as client:
-        stats = client.compress_to(Sink(), source(), lane_tokens=32)
+        stats = client.compress_to(Sink(), source(), lane_tokens=32, lanes=1)
         assert stats.segments >= 2 and client.decompress(b"".join(parts)) == TEXT * 6

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from cascade.codec.container import encode_header, parse_container, varint
 
 from tests.integration.conftest import MODEL, Service, start_service, stop_service, wait_until_idle
 
@@ -157,12 +158,7 @@ def test_live_state_route_needs_the_api_key(service: Service) -> None:
 
 
 def _header_len(container: bytes) -> int:
-    pos = 4 + 1 + 32 + 1 + 2 + 4
-    pos += 1 + container[pos]
-    (params,) = struct.unpack_from("<H", container, pos)
-    pos += 2 + params
-    (context,) = struct.unpack_from("<I", container, pos)
-    return pos + 4 + context + 4
+    return len(encode_header(parse_container(container).header))
 
 
 def _with_crc(body: bytes) -> bytes:
@@ -172,12 +168,11 @@ def _with_crc(body: bytes) -> bytes:
 def _fuzz_inputs(container: bytes, rng: random.Random) -> Iterator[tuple[str, bytes | dict[str, Any]]]:
     """(kind, raw container bytes or a JSON body) — random, damaged and adversarial inputs."""
     hlen = _header_len(container)
-    header_body = container[:hlen - 4]
     rest = container[hlen:]
     for n in (0, 1, 3, 4, 5, 16, 64, 300, 5000):
         yield "random", rng.randbytes(n)
     for _ in range(50):
-        yield "random", b"CSCZ\x02" + rng.randbytes(rng.randrange(0, 400))
+        yield "random", b"CSCZ\x03" + rng.randbytes(rng.randrange(0, 400))
     for _ in range(100):
         flipped = bytearray(container)
         for _ in range(rng.choice((1, 1, 2, 8))):
@@ -191,38 +186,41 @@ def _fuzz_inputs(container: bytes, rng: random.Random) -> Iterator[tuple[str, by
     yield "trailing", container + b"\x00"
     yield "doubled", container + container
     # Adversarial headers with valid checksums: the reader must check declared sizes, not trust them.
-    head = bytearray(header_body)
-    dtype_at = 4 + 1 + 32 + 1 + 2 + 4
-    params_at = dtype_at + 1 + head[dtype_at]
-    for params_len in (0xFFFF, 60000, 2):
-        forged = bytes(head[:params_at]) + struct.pack("<H", params_len) + bytes(head[params_at + 2:])
-        yield "header_params_len", _with_crc(forged) + rest
-    context_at = params_at + 2 + struct.unpack_from("<H", head, params_at)[0]
+    real = parse_container(container).header
+
+    def header(numerics: bytes = real.numerics.encode(), precision: int = real.precision_bits,
+               top_k: int = real.top_k, vocab: int = real.vocab_size, lane: int = real.lane_tokens,
+               params: bytes = b'{"separator_id":1}', params_len: int | None = None, context: bytes = b"",
+               context_len: int | None = None) -> bytes:
+        return _with_crc(b"CSCZ\x03" + real.fingerprint + varint(len(numerics)) + numerics + bytes([precision])
+                         + varint(top_k) + varint(vocab) + varint(lane)
+                         + varint(len(params) if params_len is None else params_len) + params
+                         + varint(len(context) if context_len is None else context_len) + context)
+
+    for params_len in (0xFFFF, 60000, 2, 1 << 40):
+        yield "header_params_len", header(params_len=params_len) + rest
     for context_len in (0xFFFFFFFF, 1 << 30, 1 << 21, 7):
-        forged = bytes(head[:context_at]) + struct.pack("<I", context_len) + bytes(head[context_at + 4:])
-        yield "header_context_len", _with_crc(forged) + rest
-    for precision, top_k, vocab in ((0, 64, 8192), (32, 0, 8192), (32, 65535, 8192), (16, 1, 8192), (32, 64, 1),
-                                    (32, 64, 0xFFFFFFFF), (24, 8191, 8192)):
-        forged = bytearray(head)
-        struct.pack_into("<BHI", forged, 4 + 1 + 32, precision, top_k, vocab)
-        yield "header_params", _with_crc(bytes(forged)) + rest
+        yield "header_context_len", header(context_len=context_len) + rest
+    for precision, top_k, vocab, lane in ((0, 64, 8192, 1000), (32, 0, 8192, 1000), (32, 65535, 8192, 1000),
+                                          (16, 70000, 80000, 1000), (32, 64, 1, 1000), (32, 64, 1 << 40, 1000),
+                                          (24, 8191, 8192, 1000), (32, 64, 8192, 0), (32, 64, 8192, 1 << 40)):
+        yield "header_params", header(precision=precision, top_k=top_k, vocab=vocab, lane=lane) + rest
     for params in (b"[" * 4000 + b"]" * 4000, b'{"a": ' + b"9" * 5000 + b"}", b"\xff\xfe", b"null", b'"x"'):
-        forged = bytes(head[:params_at]) + struct.pack("<H", len(params)) + params + bytes(head[context_at:])
-        yield "header_params_json", _with_crc(forged) + rest
-    forged = bytes(head[:dtype_at]) + b"\x04\xff\xfe\xfd\xfc" + bytes(head[params_at:])
-    yield "header_dtype", _with_crc(forged) + rest
-    forged = bytes(head[:context_at]) + struct.pack("<I", 2) + b"\xff\xff" + bytes(head[context_at + 4:])
-    yield "header_context_utf8", _with_crc(forged) + rest
+        yield "header_params_json", header(params=params) + rest
+    yield "header_numerics", header(numerics=b"\xff\xfe\xfd\xfc") + rest
+    yield "header_numerics_other", header(numerics=b"exact-llama-0") + rest
+    yield "header_context_utf8", header(context=b"\xff\xff") + rest
+    yield "header_varint_too_long", _with_crc(b"CSCZ\x03" + real.fingerprint + b"\xff" * 12) + rest
     # Segment records with hostile declared sizes and valid record checksums.
-    for kind, tokens, orig, payload_len in ((0, 5, 10, 0xFFFFFFFF), (0, 5, 0xFFFFFFFF, 4), (1, 0, 1 << 30, 1 << 30),
-                                            (7, 1, 1, 1), (1, 3, 4, 4), (0, 0, 4, 4), (0, 0xFFFFFFFF, 4, 4)):
-        record = struct.pack("<cBIIII", b"S", kind, tokens, orig, 0, payload_len)
-        body = record + b"\x00" * min(payload_len, 4)
-        yield "segment_sizes", container[:hlen] + _with_crc(body)
-    many = container[:hlen] + b"".join(_with_crc(struct.pack("<cBIIII", b"S", 1, 0, 1, zlib.crc32(b"a"), 1) + b"a")
-                                      for _ in range(2000))
-    yield "many_segments", many + struct.pack("<cIQ", b"E", 2000, 2000) + b"\x00\x00\x00\x00"
-    yield "trailer_lies", container[:hlen] + _with_crc(struct.pack("<cIQ", b"E", 5, 100))[:-4] + b"\x00" * 4
+    for tokens, orig, payload_len in ((5, 10, 0xFFFFFFFF), (5, 0xFFFFFFFF, 4), (0, 4, 4), (0xFFFFFFFF, 4, 4),
+                                      (64_000, 70_000, 4), (40, 4, 4)):
+        body = bytes([0]) + varint(tokens) + varint(orig) + varint(payload_len) + b"\x00" * min(payload_len, 4)
+        yield "segment_sizes", container[:hlen] + _with_crc(body + struct.pack("<I", 0))
+    for kind, orig in ((1, 1 << 30), (7, 1)):
+        yield "segment_sizes", container[:hlen] + _with_crc(bytes([kind]) + varint(orig) + b"\x00")
+    many = container[:hlen] + b"".join(_with_crc(bytes([1]) + varint(1) + b"a") for _ in range(2000))
+    yield "many_segments", many + _with_crc(b"E" + varint(2000) + varint(2000))[:-4] + b"\x00\x00\x00\x00"
+    yield "trailer_lies", container[:hlen] + _with_crc(b"E" + varint(5) + varint(100))[:-4] + b"\x00" * 4
     # JSON bodies: bad base64, wrong types, unknown fields.
     good_b64 = base64.b64encode(container).decode()
     for data in ("%%%", "QUJD=", good_b64[:-3], good_b64 + "!", "A" * 4001, ""):

@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 
 from cascade.api.deps import get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
+from cascade.api.middleware import BodyRefusedError
 from cascade.api.openai_protocol import StrictModel
 from cascade.api.streaming import (
     SSE_HEADERS,
@@ -87,6 +88,8 @@ def _as_api_error(exc: BaseException) -> APIError:
         return APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"})
     if isinstance(exc, UnicodeDecodeError):
         return APIError(400, "context must be UTF-8 text", param="context")
+    if isinstance(exc, BodyRefusedError):
+        return APIError(exc.status, exc.message, code=exc.code)
     return APIError(500, "Internal server error", code="internal_error")
 
 

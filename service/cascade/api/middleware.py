@@ -29,7 +29,12 @@ _OPEN_PATHS = frozenset({"/health"})
 
 
 class BodyRefusedError(Exception):
-    """The request body passed its size limit or took too long to arrive."""
+    """The request body passed its size limit or took too long to arrive. Carries the answer
+    (status, message, code), so a route whose stream already started can send it as an error event."""
+
+    def __init__(self, status: int = 400, message: str = "", code: str = "") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
 
 
 class BodyReader:
@@ -59,14 +64,14 @@ class BodyReader:
         except TimeoutError:
             self.refused = (408, f"The request body did not arrive in time ({self.received} bytes in {budget:.0f} s; "
                                  "body_timeout_seconds)", "body_timeout")
-            raise BodyRefusedError from None
+            raise BodyRefusedError(*self.refused) from None
         self.waited += time.monotonic() - started
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             self.complete = not message.get("more_body", False)
             if self.received > self.limit:
                 self.refused = (413, f"Request body is larger than the limit of {self.limit} bytes", "body_too_large")
-                raise BodyRefusedError
+                raise BodyRefusedError(*self.refused)
         else:
             self.complete = True
         return message
