@@ -14,6 +14,7 @@ import asyncio
 import functools
 import time
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,19 +100,35 @@ class CompressStats:
 
 
 async def ordered(jobs: AsyncIterator[Callable[[], Awaitable[T]]], window: int) -> AsyncIterator[T]:
-    """Run up to ``window`` jobs at once, yielding results in submission order."""
-    pending: list[asyncio.Task[T]] = []
+    """Run up to ``window`` jobs at once, yielding results in submission order — each as soon as it and
+    every job before it are done, even while the source is still waiting for input (a streamed upload
+    gets its first records back before it ends)."""
+    pending: deque[asyncio.Future[T]] = deque()
+    next_job: asyncio.Future[Callable[[], Awaitable[T]]] | None = None
+    exhausted = False
     try:
-        async for job in jobs:
-            pending.append(asyncio.ensure_future(job()))
-            while len(pending) >= window:
-                yield await pending.pop(0)
-        while pending:
-            yield await pending.pop(0)
+        while True:
+            if not exhausted and next_job is None and len(pending) < window:
+                next_job = asyncio.ensure_future(anext(jobs))
+            waiting: set[asyncio.Future[Any]] = {f for f in (next_job, pending[0] if pending else None) if f}
+            if not waiting:
+                return
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if pending and pending[0].done():
+                yield pending.popleft().result()
+            elif next_job is not None and next_job.done():
+                try:
+                    job = next_job.result()
+                except StopAsyncIteration:
+                    exhausted = True
+                else:
+                    pending.append(asyncio.ensure_future(job()))
+                next_job = None
     finally:
-        for task in pending:
+        leftovers: list[asyncio.Future[Any]] = [*pending, *([next_job] if next_job is not None else [])]
+        for task in leftovers:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*leftovers, return_exceptions=True)
 
 
 class CodecPipeline:

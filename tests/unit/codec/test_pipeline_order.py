@@ -7,12 +7,12 @@ the container, not the model, is what is under test here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from cascade.codec.container import parse_container
 from cascade.codec.exact.runner import EncodedSegment
-from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats
+from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats, ordered
 
 
 class ByteTokenizer:
@@ -93,3 +93,25 @@ def test_segments_finishing_out_of_order_still_give_a_valid_trailer_crc() -> Non
 def test_window_does_not_change_the_container() -> None:
     data = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(40)).encode()
     assert asyncio.run(_compress(_pipeline(window=1), data)) == asyncio.run(_compress(_pipeline(window=8), data))
+
+
+def test_results_come_out_while_the_source_still_waits_for_input() -> None:
+    """A streamed upload gets its first records back before it ends, whatever the window."""
+    async def main() -> list[str]:
+        seen: list[str] = []
+        more = asyncio.Event()
+
+        async def jobs() -> AsyncIterator[Callable[[], Awaitable[int]]]:
+            for i in range(3):
+                yield lambda i=i: asyncio.sleep(0, result=i)  # type: ignore[misc]
+            await more.wait()
+            yield lambda: asyncio.sleep(0, result=3)
+
+        async for result in ordered(jobs(), window=8):
+            seen.append(f"result {result}")
+            if result == 2:
+                seen.append("input resumes")
+                more.set()
+        return seen
+
+    assert asyncio.run(main()) == ["result 0", "result 1", "result 2", "input resumes", "result 3"]
