@@ -74,9 +74,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.watchdog = asyncio.create_task(watchdog())
         if settings.engine_stall_seconds:
             app.state.stall_watch = asyncio.create_task(stall_watch(settings.engine_stall_seconds))
-        if settings.enable_codec:
-            await start_codec()
-        app.state.started.set()
+        try:
+            if settings.enable_codec:
+                await start_codec()
+        finally:
+            app.state.started.set()
 
     async def start_codec() -> None:
         """Load the exact model next to the engines (no vLLM engine of its own), then self-test it."""
