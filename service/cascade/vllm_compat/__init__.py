@@ -25,6 +25,7 @@ from cascade.vllm_compat.worker_extension import (
     LIVE_STATE_RPC,
     WORKER_EXTENSION,
     check_installed,
+    install_engine_hooks,
     merge_counts,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "check_installed",
     "check_vllm_version",
     "export_extra_args",
+    "install_engine_hooks",
     "is_export_request",
     "merge_counts",
     "prediction_extra_args",

@@ -60,6 +60,7 @@ CHECKS: tuple[Check, ...] = (
                                        "max_tokens")),
     Check("SamplingParams", "attrs", ("bad_words_token_ids",)),
     Check("RequestOutputKind", "attrs", ("DELTA", "FINAL_ONLY")),
+    Check("StructuredOutputsParams", "fields", ("grammar",)),  # api/structured.py
     Check("AsyncEngineArgs", "fields", ("worker_extension_cls", "per_request_spec_decode_metrics",
                                         "kv_cache_memory_bytes", "speculative_config", "max_logprobs")),
     Check("AsyncLLM", "attrs", ("from_engine_args", "collective_rpc", "generate", "get_tokenizer", "errored",

@@ -158,3 +158,14 @@ def check_installed(per_worker: Sequence[Any], names: Sequence[str]) -> None:
     for rank, got in enumerate(per_worker):
         if list(got) != wanted:
             raise IncompatibleVllmError(f"worker {rank} installed {list(got)} of the hooks {wanted}")
+
+
+async def install_engine_hooks(engine: Any, names: Sequence[str], timeout: float | None = None) -> None:
+    """Install ``names`` in every worker of a started ``AsyncLLM`` (``collective_rpc``), or raise
+    ``IncompatibleVllmError``. vLLM 0.32 re-raises a worker's exception as a plain ``Exception``
+    whose message quotes the worker's (its type is lost), so the cause is kept as text."""
+    try:
+        per_worker = await engine.collective_rpc(INSTALL_HOOKS_RPC, timeout=timeout, args=(list(names),))
+    except Exception as exc:
+        raise IncompatibleVllmError(f"installing Cascade's vLLM hooks {list(names)} failed: {exc}") from exc
+    check_installed(per_worker, names)
