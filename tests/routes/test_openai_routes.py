@@ -129,7 +129,7 @@ def test_prediction_usage_is_reported(service: FakeService) -> None:
         prediction={"type": "content", "content": REPLY})
     details = reply.usage.completion_tokens_details  # type: ignore[union-attr]
     assert details is not None and details.accepted_prediction_tokens == 4
-    prompt, request = service.engines.requests[-1]
+    _, request = service.engines.requests[-1]
     assert request.prediction is not None and list(request.prediction.token_ids) == \
         service.engines.tokenizer.encode(REPLY)
 
