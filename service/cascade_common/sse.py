@@ -84,10 +84,11 @@ class SSEParser:
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[Event]:
-        if self._after_cr:
-            self._after_cr = False
-            if chunk[:1] == b"\n":
-                chunk = chunk[1:]
+        if not chunk:
+            return []
+        if self._after_cr and chunk[:1] == b"\n":  # the LF of a CRLF cut between two chunks
+            chunk = chunk[1:]
+        self._after_cr = False
         if not chunk:
             return []
         *lines, self._buffer = _LINE_END.split(self._buffer + chunk)

@@ -33,7 +33,6 @@ PAD_LOGPROB = float("-inf")
 _HEADER = struct.Struct("<4sHHII")
 _DOC = struct.Struct("<4sH")
 _DOC_TAIL = struct.Struct("<QI")
-HEADER_SIZE = _HEADER.size
 MAX_K = 1 << 16
 MAX_NAME = 4096
 
@@ -132,8 +131,3 @@ def iter_blocks(stream: BinaryIO, header: Header, max_positions: int = 1 << 24) 
             raise TopkFormatError(f"document declares {count} positions (limit {max_positions})")
         yield DocumentBlock(name, start, count, _read_exact(stream, count * size, "records"))
 
-
-def iter_records(block: DocumentBlock, k: int) -> Iterator[tuple[int, tuple[int, ...], tuple[float, ...]]]:
-    """A block's records as ``(target, ids, logprobs)`` (padding included), without numpy."""
-    for values in record_struct(k).iter_unpack(block.records):
-        yield values[0], values[1:k + 1], values[k + 1:]
