@@ -13,25 +13,21 @@ sends to the engines that run the proposer), on the live runner's class.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
-logger = logging.getLogger("cascade.vllm_compat.bind_batch_hook")
+from cascade.vllm_compat.patching import Method, install_wrapper, is_wrapped
+
 METHOD = "propose_draft_token_ids"
 _MARK = "_cascade_bind_batch_hook"
 
 
 def install_bind_batch_hook(runner_cls: type | None = None) -> bool:
-    """Wrap ``runner_cls.propose_draft_token_ids`` (default ``GPUModelRunner``, which the CPU runner
-    inherits). Returns False when it was already wrapped (idempotent)."""
-    if runner_cls is None:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """Wrap ``runner_cls.propose_draft_token_ids`` (default ``GPUModelRunner``). Returns False when it
+    was already wrapped (idempotent)."""
+    return install_wrapper(runner_cls, METHOD, _MARK, _bind_then_propose)
 
-        runner_cls = GPUModelRunner
-    original = getattr(runner_cls, METHOD)
-    if getattr(original, _MARK, False):
-        return False
 
+def _bind_then_propose(original: Method) -> Method:
     @functools.wraps(original)
     def propose_draft_token_ids(self: Any, *args: Any, **kwargs: Any) -> Any:
         bind = getattr(getattr(self, "drafter", None), "bind_batch", None)
@@ -39,12 +35,9 @@ def install_bind_batch_hook(runner_cls: type | None = None) -> bool:
             bind(list(self.input_batch.req_ids), self.requests)
         return original(self, *args, **kwargs)
 
-    setattr(propose_draft_token_ids, _MARK, True)
-    setattr(runner_cls, METHOD, propose_draft_token_ids)
-    logger.debug("installed the static-text proposer's bind_batch hook on %s", runner_cls.__name__)
-    return True
+    return propose_draft_token_ids
 
 
 def is_installed(runner_cls: type) -> bool:
     """Whether ``runner_cls`` resolves ``propose_draft_token_ids`` to the bind_batch hook."""
-    return bool(getattr(getattr(runner_cls, METHOD, None), _MARK, False))
+    return is_wrapped(runner_cls, METHOD, _MARK)

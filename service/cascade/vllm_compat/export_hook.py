@@ -19,15 +19,14 @@ sends to the engines that serve exports), on the live runner's class.
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from cascade.vllm_compat.export_processing import process_prompt_logits
+from cascade.vllm_compat.patching import Method, install_wrapper, is_wrapped
 from cascade.vllm_compat.request_keys import is_export_request
 from cascade.vllm_compat.version import IncompatibleVllmError
 
-logger = logging.getLogger("cascade.vllm_compat.export_hook")
 METHOD = "_get_prompt_logprobs_dict"
 _MARK = "_cascade_export_hook"
 NOT_A_VIEW = ("vLLM no longer computes prompt logits on a view of the step's hidden states that starts at the "
@@ -78,14 +77,10 @@ def export_rows(runner: Any, num_scheduled_tokens: dict[str, int]) -> dict[int, 
 def install_export_hook(runner_cls: type | None = None) -> bool:
     """Wrap ``runner_cls._get_prompt_logprobs_dict`` (default ``GPUModelRunner``, which the CPU
     runner inherits). Returns False when it was already wrapped (idempotent)."""
-    if runner_cls is None:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    return install_wrapper(runner_cls, METHOD, _MARK, _processing_exports)
 
-        runner_cls = GPUModelRunner
-    original = getattr(runner_cls, METHOD)
-    if getattr(original, _MARK, False):
-        return False
 
+def _processing_exports(original: Method) -> Method:
     @functools.wraps(original)
     def _get_prompt_logprobs_dict(self: Any, hidden_states: Any, num_scheduled_tokens: dict[str, int]) -> Any:
         rows = export_rows(self, num_scheduled_tokens) if self.num_prompt_logprobs else {}
@@ -130,12 +125,9 @@ def install_export_hook(runner_cls: type | None = None) -> bool:
                                   f"processed: {'; '.join(reasons)}")
         return result
 
-    setattr(_get_prompt_logprobs_dict, _MARK, True)
-    setattr(runner_cls, METHOD, _get_prompt_logprobs_dict)
-    logger.debug("installed the top-k export hook on %s", runner_cls.__name__)
-    return True
+    return _get_prompt_logprobs_dict
 
 
 def is_installed(runner_cls: type) -> bool:
     """Whether ``runner_cls`` resolves ``_get_prompt_logprobs_dict`` to the export hook."""
-    return bool(getattr(getattr(runner_cls, METHOD, None), _MARK, False))
+    return is_wrapped(runner_cls, METHOD, _MARK)
