@@ -14,11 +14,19 @@ A test anywhere else fails collection: put it in one of those directories (or ad
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+# Subprocesses (the integration service and vLLM's engine processes, the CLI, examples, probes) run
+# this checkout's code, as pytest's own ``pythonpath`` does in-process: without this they would
+# import whatever checkout the venv's editable install points at (a worktree would test main).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO / "service"), str(REPO / "clients"), *filter(None, [os.environ.get("PYTHONPATH")])])
 TIER_OF_DIRECTORY = {"unit": "unit", "routes": "unit", "integration": "engine", "portability": "portability",
                      "deploy": "deploy"}
 TIERS = frozenset(TIER_OF_DIRECTORY.values())
