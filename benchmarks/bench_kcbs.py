@@ -17,10 +17,10 @@ PROMPTS = ["import os\n\ndef ", "class Parser:\n    def ", "for i in range(", "d
 
 async def kcbs_run(engines, prompt_ids, k, steps, rid):  # type: ignore[no-untyped-def]
     from cascade.kcbs import KcbsSearch
-    from cascade.kcbs.engine_driver import run_search
+    from cascade.kcbs.driver import run_search
 
     search = KcbsSearch(k, steps, True, 1, "block")
-    async for _ in run_search(engines, prompt_ids, search, k, 1, 1.0, rid):
+    async for _ in run_search(engines.top_logprobs, prompt_ids, search, k, 1, 1.0, rid, set()):
         pass
     return search.result()
 

@@ -42,7 +42,7 @@ def serve(argv: list[str]) -> int:
                             http=limited_protocol(limits))
     server = GracefulServer(config)
     server.run()
-    return int(getattr(app.state, "exit_code", 0))
+    return int(app.state.gateway.exit_code)
 
 
 def config_table() -> int:

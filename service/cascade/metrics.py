@@ -51,5 +51,7 @@ class Metrics:
         self.engine_live_state = Gauge("cascade_engine_live_state", "Per-request state held inside an engine's "
                                        "worker (refreshed on scrape)", ["engine", "kind"], registry=r)
         self.kcbs_live_searches = Gauge("cascade_kcbs_live_searches", "k-CBS searches running", registry=r)
+        self.engine_aborts = Gauge("cascade_engine_aborted_requests", "Engine requests aborted because the "
+                                   "client left (cumulative since start)", registry=r)
         self.codec_live_jobs = Gauge("cascade_codec_live_jobs", "Exact-codec segment jobs queued or running",
                                      registry=r)

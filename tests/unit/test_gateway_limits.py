@@ -15,6 +15,7 @@ import httpx
 import pytest
 import uvicorn
 from cascade.app import create_app
+from cascade.engine.types import EngineFailedError
 from cascade.http_protocol import HeaderLimits, limited_protocol
 from cascade.settings import Settings
 from fastapi import FastAPI
@@ -28,10 +29,6 @@ class EngineGenerateError(Exception):
     """Named like vLLM's: one request's failure, the engine alive."""
 
 
-class EngineDeadError(Exception):
-    """Named like vLLM's: the engine died."""
-
-
 def _add_test_routes(app: FastAPI) -> None:
     @app.get("/v1/boom")
     async def boom() -> None:
@@ -43,7 +40,7 @@ def _add_test_routes(app: FastAPI) -> None:
 
     @app.get("/v1/engine-dead")
     async def engine_dead() -> None:
-        raise EngineDeadError
+        raise EngineFailedError("the engine died")
 
     @app.post("/v1/echo")
     async def echo(body: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +125,7 @@ def test_unexpected_error_is_answered_like_any_reply_and_keeps_the_connection(
         assert b'"code":"internal_error"' in reply.replace(b" ", b"")
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _status(_read_reply(sock)) == 200, "the keep-alive connection survives a 500"
-    counted = app.state.metrics.requests.labels("other", "GET", "500")._value.get()
+    counted = app.state.gateway.metrics.requests.labels("/v1/boom", "GET", "500")._value.get()
     assert counted >= 1
 
 
@@ -140,7 +137,7 @@ def test_only_a_dead_engine_is_a_503_that_says_restarting(server: tuple[str, int
     dead = httpx.get(base + "/v1/engine-dead", headers={"X-Request-Id": "trace-503"})
     assert dead.status_code == 503 and dead.headers["retry-after"] == "10"
     assert dead.headers["x-request-id"] == "trace-503"
-    assert app.state.metrics.requests.labels("other", "GET", "503")._value.get() >= 1
+    assert app.state.gateway.metrics.requests.labels("/v1/engine-dead", "GET", "503")._value.get() >= 1
 
 
 @pytest.mark.parametrize("headers", [

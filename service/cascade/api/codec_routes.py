@@ -6,14 +6,14 @@ import asyncio
 import base64
 import binascii
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import Field, ValidationError
 
-from cascade.api.deps import get_metrics, get_settings, request_id
+from cascade.api.deps import get_gateway, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.middleware import BodyRefusedError
 from cascade.api.openai_protocol import StrictModel
@@ -35,9 +35,11 @@ from cascade.codec.pipeline import (
     ModelMismatchError,
 )
 from cascade.engine.manager import EngineNotReadyError
+from cascade.lifecycle import Gateway
 from cascade.metrics import Metrics
 from cascade.settings import Settings
 
+T = TypeVar("T")
 router = APIRouter(tags=["codec"])
 OCTET = "application/octet-stream"
 
@@ -63,8 +65,7 @@ class DecompressBody(StrictModel):
 
 
 def get_codec(request: Request) -> CodecPipeline:
-    codec: CodecPipeline = request.app.state.codec
-    return codec
+    return get_gateway(request).codec
 
 
 def _error_event(exc: BaseException) -> bytes:
@@ -91,6 +92,16 @@ def _as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, BodyRefusedError):
         return APIError(exc.status, exc.message, code=exc.code)
     return APIError(500, "Internal server error", code="internal_error")
+
+
+async def _when_ready(gateway: Gateway, stream: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+    """``stream``, once the codec may serve (else its 503 reason, raised where the stream is read)."""
+    try:
+        gateway.ready_codec()
+        async for item in stream:
+            yield item
+    finally:
+        await stream.aclose()
 
 
 def _wants_sse(request: Request) -> bool:
@@ -164,7 +175,7 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
     params, source = await _compress_params(request, settings)
     _check_model(params.model, settings)
     try:
-        codec.check_available()
+        get_gateway(request).ready_codec()
     except (CodecUnavailableError, EngineNotReadyError) as exc:
         raise _as_api_error(exc) from None
     options = CompressOptions(
@@ -256,7 +267,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
     body_done = asyncio.Event()
     source = track_end(await _container_source(request, settings), body_done)
     rid = request_id(request)
-    stream = codec.decompress(source, rid)
+    stream = _when_ready(get_gateway(request), codec.decompress(source, rid))
     if not _wants_sse(request):
         async def collect() -> list[bytes]:
             return [data async for _, data in stream]

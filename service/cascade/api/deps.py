@@ -1,27 +1,30 @@
-"""FastAPI dependencies: the app's settings, engines and metrics, instead of module globals."""
+"""FastAPI dependencies: the app's ``Gateway`` and what routes take from it, instead of module globals."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
 from cascade.engine.manager import EngineManager
+from cascade.lifecycle import Gateway
 from cascade.metrics import Metrics
 from cascade.settings import Settings
 
 
+def get_gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
 def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return get_gateway(request).settings
 
 
 def get_engines(request: Request) -> EngineManager:
-    engines: EngineManager = request.app.state.engines
-    return engines
+    return get_gateway(request).engines
 
 
 def get_metrics(request: Request) -> Metrics:
-    metrics: Metrics = request.app.state.metrics
-    return metrics
+    return get_gateway(request).metrics
 
 
 def request_id(request: Request) -> str:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cascade.engine.manager import EngineNotReadyError
+from cascade.engine.types import EngineFailedError, EngineRequestError
 
 logger = logging.getLogger("cascade.api")
 
@@ -77,44 +78,34 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def is_engine_failure(exc: BaseException) -> bool:
-    """vLLM's engine-died error (checked by name: no vLLM import here). Its ``EngineGenerateError``
-    also wraps failures of one request (a parameter the engine could not serialise), so alone it
-    proves no death: only a dead engine may tell clients the service is restarting."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return "EngineDeadError" in names
+    """Only a dead engine may tell clients the service is restarting (the adapter raises
+    ``EngineFailedError`` for that and nothing else)."""
+    return isinstance(exc, EngineFailedError)
 
 
-def vllm_client_error(exc: BaseException) -> APIError | None:
-    """vLLM's request-validation errors as the 400 they are, or ``None`` for anything else.
-
-    vLLM raises ``VLLMValidationError`` (a ``VLLMClientError``, *not* a ``ValueError``) both when
-    ``SamplingParams`` is built and when the engine admits a request (``bad_words`` that tokenise
-    to nothing, a structured-output schema it cannot compile). Checked by class name, like
-    ``is_engine_failure``, so this module needs no vLLM import."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if "VLLMClientError" not in names:
-        return None
-    message = str(exc.args[0]) if exc.args else str(exc)
-    param = getattr(exc, "parameter", None)
-    return APIError(400, f"Invalid request: {message}", param=param if isinstance(param, str) else None,
-                    code="invalid_value")
+def as_api_error(exc: BaseException) -> APIError | None:
+    """The client-facing error for an exception the routes let through, when it has one."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineRequestError):
+        return APIError(400, exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, EngineNotReadyError):
+        return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"})
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Every failure path answers in OpenAI's shape; unexpected errors are 500 without internals.
 
-    vLLM's client errors get their own handler: the catch-all ``Exception`` handler runs in
+    The engine's request errors get their own handler: the catch-all ``Exception`` handler runs in
     Starlette's outermost middleware, which re-raises after answering, and the server then closes
     the keep-alive connection under the client."""
-    from vllm.exceptions import VLLMClientError
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(VLLMClientError)
-    async def _vllm_client_error(_: Request, exc: VLLMClientError) -> JSONResponse:
-        error = vllm_client_error(exc)
+    @app.exception_handler(EngineRequestError)
+    @app.exception_handler(EngineNotReadyError)
+    async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+        error = as_api_error(exc)
         assert error is not None
         return error_response(error)
 
@@ -127,10 +118,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "Unknown route" if exc.status_code == 404 else str(exc.detail)
         return error_response(APIError(exc.status_code, message, headers=getattr(exc, "headers", None)))
-
-    @app.exception_handler(EngineNotReadyError)
-    async def _not_ready(_: Request, exc: EngineNotReadyError) -> JSONResponse:
-        return error_response(APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": "5"}))
 
 
 def unexpected_error(exc: Exception, engine_dead: bool) -> APIError:

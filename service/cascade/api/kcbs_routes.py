@@ -10,18 +10,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ConfigDict, Field, model_validator
 
-from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
+from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_fits, tokenize
 from cascade.api.openai_protocol import ChatMessage, StrictModel
-from cascade.api.openai_routes import chat_prompt_from_messages, completion_prompts
-from cascade.api.sampling import check_model
-from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, sse_data, until_disconnect
+from cascade.api.prompts import chat_prompt_from_messages, completion_prompts
+from cascade.api.sampling import check_model, check_token_ids
+from cascade.api.streaming import SSE_HEADERS, guarded, sse_data, until_disconnect
 from cascade.engine.manager import EngineManager
 from cascade.kcbs import KcbsSearch, KcbsSequence, match_target
 from cascade.kcbs.algorithm import MAX_BEAM_WIDTH
-from cascade.kcbs.engine_driver import run_search
-from cascade.metrics import Metrics
+from cascade.kcbs.driver import run_search
+from cascade.lifecycle import Gateway
 from cascade.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["kcbs"])
@@ -71,10 +71,7 @@ async def _target_ids(body: KcbsRequest, engines: EngineManager) -> list[int] | 
     if body.target is None:
         return None
     if isinstance(body.target, list):
-        vocab = len(engines.tokenizer)
-        if any(not 0 <= t < vocab for t in body.target):
-            raise APIError(400, f"target token ids must be in 0..{vocab - 1}", param="target")
-        return body.target
+        return list(check_token_ids(body.target, len(engines.tokenizer), "target", "target token ids"))
     check_fits(len(body.target), body.steps + body.max_edit_distance, engines.tokenizer, "target",
                "a match (steps + max_edit_distance)")
     return await tokenize(engines.tokenizer, body.target)
@@ -100,11 +97,11 @@ def _result(body: KcbsRequest, search: KcbsSearch, rid: str, settings: Settings,
 
 
 @router.post("/kcbs", response_model=None)
-async def kcbs(body: KcbsRequest, request: Request, settings: Settings = Depends(get_settings),
-               engines: EngineManager = Depends(get_engines),
-               metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
+async def kcbs(body: KcbsRequest, request: Request,
+               gateway: Gateway = Depends(get_gateway)) -> JSONResponse | StreamingResponse:
+    settings, engines, metrics = gateway.settings, gateway.engines, gateway.metrics
     check_model(body.model, settings)
-    engines.engine()
+    engines.check_ready()
     if body.prompt is not None:
         prompt = (await completion_prompts(engines, body.prompt, settings.max_model_len))[0]
     else:
@@ -137,21 +134,18 @@ async def kcbs(body: KcbsRequest, request: Request, settings: Settings = Depends
     metrics.prompt_tokens.labels("kcbs").inc(len(prompt))
 
     def steps() -> AsyncIterator[KcbsSearch]:
-        return run_search(engines, prompt, search, body.beam_width, eos_id, body.temperature, rid)
+        return run_search(engines.top_logprobs, prompt, search, body.beam_width, eos_id, body.temperature, rid,
+                          gateway.live_searches)
 
     if body.stream:
         async def stream() -> AsyncIterator[bytes]:
-            try:
-                async for state in steps():
-                    metrics.kcbs_steps.inc()
-                    beams = [_sequence(s, engines.tokenizer, body.include_token_ids) for s in state.live_beams()]
-                    yield sse_data({"object": "kcbs.step", "step": state.step, "beams": beams})
-                yield sse_data(_result(body, search, rid, settings, engines, len(prompt), target))
-            except Exception as exc:
-                yield sse_data(error_payload(exc))
-            yield SSE_DONE
+            async for state in steps():
+                metrics.kcbs_steps.inc()
+                beams = [_sequence(s, engines.tokenizer, body.include_token_ids) for s in state.live_beams()]
+                yield sse_data({"object": "kcbs.step", "step": state.step, "beams": beams})
+            yield sse_data(_result(body, search, rid, settings, engines, len(prompt), target))
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(guarded(stream()), media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def run() -> None:
         async for _ in steps():

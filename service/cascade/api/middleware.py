@@ -14,9 +14,10 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cascade.api.errors import error_body, unexpected_error
@@ -105,9 +106,10 @@ def body_limit_for(path: str, settings: Settings) -> int:
 class GatewayMiddleware:
     """Request id, Bearer auth, body-size limit, in-flight cap (429), metrics and an access log."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics,
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, routes: Sequence[BaseRoute] = (),
                  engine_dead: Callable[[], bool] = lambda: False) -> None:
         self.app = app
+        self.routes = routes
         self.settings = settings
         self.metrics = metrics
         self.engine_dead = engine_dead
@@ -177,7 +179,7 @@ class GatewayMiddleware:
                 return
             await send_wrapper(message)
 
-        route = _route_label(path)
+        route = route_label(self.routes, scope)
         try:
             if path not in _OPEN_PATHS and not self._authorized(headers):
                 await self._reply(send_wrapper, 401, "Invalid or missing API key (use 'Authorization: Bearer "
@@ -225,10 +227,11 @@ class GatewayMiddleware:
                                           "path": route, "status": status, "seconds": round(elapsed, 4)})
 
 
-_KNOWN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/kcbs", "/v1/tokenize", "/compress",
-                 "/decompress", "/health", "/ready", "/metrics", "/ops/live-state")
-
-
-def _route_label(path: str) -> str:
-    """Bounded label values: unknown paths collapse into one label."""
-    return path if path in _KNOWN_ROUTES else "other"
+def route_label(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The matched route's path template (``/v1/models/{model:path}``), so label values stay bounded
+    and always agree with the app's routes; ``other`` for paths no route serves."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            return str(getattr(route, "path", "other"))
+    return "other"

@@ -1,14 +1,15 @@
-"""OpenAI ``prediction`` → predicted token ids and engine routing; usage accounting from vLLM."""
+"""OpenAI ``prediction`` → predicted token ids for the predict engine; usage accounting."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_fits, tokenize
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest
+from cascade.api.sampling import check_token_ids
 from cascade.engine.manager import EngineManager
+from cascade.engine.types import Prediction, PredictionCounts
 from cascade.settings import Settings
 
 
@@ -21,26 +22,24 @@ class PredictionUsage:
     accepted: int = 0
     rejected: int = 0
 
-    def add(self, spec_metrics: Any) -> None:
-        if spec_metrics is None:
+    def add(self, counts: PredictionCounts | None) -> None:
+        if counts is None:
             return
-        accepted = sum(j * count for j, count in enumerate(spec_metrics.histogram))
-        self.accepted += accepted
-        self.rejected += max(0, spec_metrics.num_draft_tokens - accepted)
+        self.accepted += counts.accepted
+        self.rejected += max(0, counts.drafted - counts.accepted)
 
     def details(self) -> dict[str, int]:
         return {"reasoning_tokens": 0, "accepted_prediction_tokens": self.accepted,
                 "rejected_prediction_tokens": self.rejected}
 
 
-async def prediction_args(body: ChatCompletionRequest | CompletionRequest, engines: EngineManager,
-                          settings: Settings) -> dict[str, Any] | None:
-    """Validate ``prediction`` and return the engine's ``extra_args``, or None without one."""
+async def predicted(body: ChatCompletionRequest | CompletionRequest, engines: EngineManager,
+                    settings: Settings) -> Prediction | None:
+    """Validate ``prediction`` and return it as token ids, or None without one."""
     prediction = body.prediction
     if prediction is None:
         return None
     from cascade.predict.static_text import normalise_newlines
-    from cascade.predict.vllm_proposer import prediction_extra_args
 
     if not settings.enable_predictions:
         raise APIError(400, "Predicted outputs are disabled on this server", param="prediction")
@@ -53,10 +52,7 @@ async def prediction_args(body: ChatCompletionRequest | CompletionRequest, engin
     if (text is None) == (prediction.token_ids is None):
         raise APIError(400, "prediction needs exactly one of 'content' or 'token_ids'", param="prediction")
     if prediction.token_ids is not None:
-        ids = prediction.token_ids
-        vocab = len(engines.tokenizer)
-        if any(not 0 <= t < vocab for t in ids):
-            raise APIError(400, f"prediction.token_ids must be in 0..{vocab - 1}", param="prediction.token_ids")
+        ids = list(check_token_ids(prediction.token_ids, len(engines.tokenizer), "prediction.token_ids"))
     else:
         assert text is not None
         check_fits(len(text), settings.max_prediction_tokens, engines.tokenizer, "prediction",
@@ -67,4 +63,4 @@ async def prediction_args(body: ChatCompletionRequest | CompletionRequest, engin
     if len(ids) > settings.max_prediction_tokens:
         raise APIError(400, f"prediction is longer than {settings.max_prediction_tokens} tokens "
                             f"({len(ids)})", param="prediction")
-    return prediction_extra_args(ids, body.prediction_mode)
+    return Prediction(tuple(ids), body.prediction_mode)

@@ -1,16 +1,11 @@
-"""OpenAI request fields → vLLM ``SamplingParams``, enforcing the service's configured limits."""
+"""OpenAI request fields → the engine adapter's ``GenerationRequest``, enforcing the service's limits."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from cascade.api.errors import APIError, vllm_client_error
+from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from cascade.engine.types import GenerationRequest, Prediction
 from cascade.settings import Settings
-
-if TYPE_CHECKING:
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
 
 
 def check_model(requested: str, settings: Settings) -> None:
@@ -20,8 +15,8 @@ def check_model(requested: str, settings: Settings) -> None:
                             f"'{settings.model_name}'", param="model", code="model_not_found")
 
 
-def _stops(request: SamplingFields, settings: Settings) -> list[str]:
-    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+def _stops(request: SamplingFields, settings: Settings) -> tuple[str, ...]:
+    stops = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     if len(stops) > settings.max_stop_sequences:
         raise APIError(400, f"At most {settings.max_stop_sequences} stop sequences are allowed",
                        param="stop")
@@ -56,12 +51,17 @@ def _logit_bias(request: SamplingFields, vocab_size: int) -> dict[int, float] | 
     return bias
 
 
-def _allowed_tokens(request: SamplingFields, vocab_size: int) -> list[int] | None:
+def _allowed_tokens(request: SamplingFields, vocab_size: int) -> tuple[int, ...] | None:
     if request.allowed_token_ids is None:
         return None
-    if any(not 0 <= t < vocab_size for t in request.allowed_token_ids):
-        raise APIError(400, f"allowed_token_ids must be in 0..{vocab_size - 1}", param="allowed_token_ids")
-    return request.allowed_token_ids
+    return check_token_ids(request.allowed_token_ids, vocab_size, "allowed_token_ids")
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str, what: str | None = None) -> tuple[int, ...]:
+    """Token ids a client sent, each checked against the vocabulary (the one place this is done)."""
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise APIError(400, f"{what or param} must be in 0..{vocab_size - 1}", param=param)
+    return tuple(ids)
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Settings, param: str) -> int:
@@ -77,13 +77,11 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Setting
     return requested if requested is not None else min(room, settings.max_tokens_limit)
 
 
-def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
-                    vocab_size: int, stream: bool, extra_args: dict[str, Any] | None = None,
-                    structured: StructuredOutputsParams | None = None) -> SamplingParams:
-    """Build the engine's sampling parameters; every range was already checked by the models."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
+def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
+                       vocab_size: int, stream: bool, prediction: Prediction | None = None,
+                       grammar: str | None = None) -> GenerationRequest:
+    """What to ask the engine for; every range the models check was checked already, these are the
+    rules that need the request as a whole or the service's limits."""
     if request.n > settings.max_n:
         raise APIError(400, f"n may be at most {settings.max_n}", param="n")
     if request.n > 1 and request.temperature == 0:
@@ -97,37 +95,14 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, logprobs: int |
                        code="invalid_value")
     if logprobs is not None and logprobs > settings.max_top_logprobs:
         raise APIError(400, f"logprobs may be at most {settings.max_top_logprobs}", param="logprobs")
-    kwargs: dict[str, Any] = {
-        "n": request.n,
-        "max_tokens": max_tokens,
-        "stop": _stops(request, settings),
-        "seed": _seed(request),
-        "logprobs": logprobs,
-        "logit_bias": _logit_bias(request, vocab_size),
-        "ignore_eos": request.ignore_eos,
-        "min_tokens": request.min_tokens,
-        "allowed_token_ids": _allowed_tokens(request, vocab_size),
-        "bad_words": request.bad_words,
-        "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
-        "extra_args": extra_args,
-        "structured_outputs": structured,
-    }
-    optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
-                "min_p": request.min_p, "presence_penalty": request.presence_penalty,
-                "frequency_penalty": request.frequency_penalty,
-                "repetition_penalty": request.repetition_penalty}
-    kwargs.update({key: value for key, value in optional.items() if value is not None})
-    if kwargs.get("top_k") == 0 or kwargs.get("top_k", 0) >= vocab_size:  # all tokens (bigints fail in the engine)
-        kwargs["top_k"] = -1
-    try:
-        return SamplingParams(**kwargs)
-    except Exception as exc:
-        error = vllm_client_error(exc)
-        if error is not None:
-            raise error from None
-        if isinstance(exc, (ValueError, TypeError)):
-            raise APIError(400, f"Invalid sampling parameters: {exc}") from None
-        raise
+    return GenerationRequest(
+        max_tokens=max_tokens, n=request.n, stream=stream, stop=_stops(request, settings), seed=_seed(request),
+        logprobs=logprobs, logit_bias=_logit_bias(request, vocab_size), ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens, allowed_token_ids=_allowed_tokens(request, vocab_size),
+        bad_words=None if request.bad_words is None else tuple(request.bad_words),
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
+        presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty, grammar=grammar, prediction=prediction)
 
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:

@@ -11,8 +11,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from cascade.api.errors import APIError, error_body, is_engine_failure, vllm_client_error
-from cascade.engine.manager import EngineNotReadyError
+from cascade.api.errors import APIError, as_api_error, error_body, is_engine_failure
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -34,18 +33,28 @@ SSE_DONE = b"data: [DONE]\n\n"
 def error_payload(exc: BaseException) -> dict[str, Any]:
     """What a stream sends when it fails after the 200 header went out; ``status`` is the one the
     same failure would have had as a plain reply."""
-    if (client_error := vllm_client_error(exc)) is not None:
-        exc = client_error
-    if isinstance(exc, APIError):
-        status, body = exc.status, error_body(exc.status, exc.message, exc.param, exc.code)
-    elif isinstance(exc, EngineNotReadyError):
-        status, body = 503, error_body(503, str(exc), code="engine_unavailable")
+    if (error := as_api_error(exc)) is not None:
+        status, body = error.status, error_body(error.status, error.message, error.param, error.code)
     elif is_engine_failure(exc):
         status, body = 503, error_body(503, "The engine failed while serving this request", code="engine_unavailable")
     else:
         status, body = 500, error_body(500, "Internal server error", code="internal_error")
     body["error"]["status"] = status
     return body
+
+
+async def guarded(events: AsyncIterator[bytes], *, done: bool = True) -> AsyncIterator[bytes]:
+    """Pass a stream's events through; a failure after the 200 becomes one error event (the one
+    error-event path), and ``done`` ends OpenAI-style streams with ``[DONE]`` either way."""
+    try:
+        async for event in events:
+            yield event
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        yield sse_data(error_payload(exc))
+    if done:
+        yield SSE_DONE
 
 
 async def until_disconnect(request: Request, work: Callable[[], Awaitable[T]], poll: float = 0.25,

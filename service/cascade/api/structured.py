@@ -1,4 +1,4 @@
-"""``response_format`` → vLLM structured outputs, as a compact JSON grammar.
+"""``response_format`` → a compact JSON grammar for the engine's structured outputs.
 
 vLLM's xgrammar backend takes "no whitespace between JSON tokens" only as an engine-wide setting
 (``structured_outputs_config.disable_any_whitespace``); per request it allows any whitespace, and
@@ -9,13 +9,10 @@ grammar without free whitespace gives the same constraint per request."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest
-
-if TYPE_CHECKING:
-    from vllm.sampling_params import StructuredOutputsParams
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -32,16 +29,14 @@ def compact_json_grammar(schema: dict[str, Any]) -> str:
     return str(grammar)
 
 
-def structured_outputs(request: ChatCompletionRequest) -> StructuredOutputsParams | None:
+def response_grammar(request: ChatCompletionRequest) -> str | None:
     """``json_object`` constrains the reply to a JSON object, ``json_schema`` to the schema
     (always enforced, ``strict`` or not); ``text`` or no format leaves sampling free."""
-    from vllm.sampling_params import StructuredOutputsParams
-
     response_format = request.response_format
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
-        return StructuredOutputsParams(grammar=compact_json_grammar(ANY_OBJECT))
+        return compact_json_grammar(ANY_OBJECT)
     if response_format.json_schema is None:
         raise APIError(400, "response_format type 'json_schema' needs a json_schema", param="response_format")
-    return StructuredOutputsParams(grammar=compact_json_grammar(response_format.json_schema.schema_))
+    return compact_json_grammar(response_format.json_schema.schema_)

@@ -1,37 +1,34 @@
 """``/v1/completions`` with ``"compression": true``: teacher-forced, processed top-k distributions.
 
 No token is returned: the engine scores every prompt position through the request's sampling
-stack (see ``cascade.export.vllm_hook``) and the gateway renormalises and streams the result as
-JSON, SSE or the compact binary layout of ``cascade_client.topk_format``.
+stack (see ``cascade.vllm_compat.export_hook``) and the gateway renormalises and streams the result
+as JSON, SSE or the compact binary layout of ``cascade_common.topk_format``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cascade_client.topk_format import encode_document, encode_header
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from cascade.api.deps import request_id
+from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CompletionRequest
-from cascade.api.sampling import sampling_params
-from cascade.api.streaming import SSE_DONE, SSE_HEADERS, error_payload, merge, sse_data, until_disconnect
-from cascade.engine.config import EngineRole
+from cascade.api.sampling import generation_request
+from cascade.api.streaming import SSE_HEADERS, guarded, merge, sse_data, until_disconnect
 from cascade.engine.manager import EngineManager
-from cascade.export.processing import EXPORT_KEY
-from cascade.export.token_table import TokenTable, build_token_table
-from cascade.export.topk import DISTRIBUTION_TYPE, ExportPosition, positions_from_prompt_logprobs
+from cascade.engine.types import GenerationRequest
+from cascade.export.token_table import TokenTable
+from cascade.export.topk import DISTRIBUTION_TYPE, ExportPosition
 from cascade.metrics import Metrics
 from cascade.settings import Settings
-
-if TYPE_CHECKING:
-    from vllm import SamplingParams
 
 OCTET = "application/octet-stream"
 MIN_TEMPERATURE = 0.01
@@ -62,29 +59,12 @@ def validate_export(body: CompletionRequest, settings: Settings) -> int:
     return k
 
 
-def export_params(body: CompletionRequest, k: int, settings: Settings, vocab_size: int) -> SamplingParams:
-    """One internal token (vLLM cannot stop before sampling once); it is never returned or counted.
-
-    Set after construction, so ``skip_reading_prefix_cache`` must be set too: a prefix-cache hit
-    would leave the cached positions unscored. ``flat_logprobs`` keeps vLLM from building a dict
-    of ``Logprob`` objects per position (k + 1 objects each) that the export only reads back."""
-    params = sampling_params(body.model_copy(update={"min_tokens": 0}), max_tokens=1, logprobs=None,
-                             settings=settings, vocab_size=vocab_size, stream=False,
-                             extra_args={EXPORT_KEY: True})
-    params.prompt_logprobs = k
-    params.flat_logprobs = True
-    params.skip_reading_prefix_cache = True
-    params.detokenize = False
-    params.ignore_eos = True
-    return params
-
-
-def _table(engines: EngineManager) -> TokenTable:
-    table: TokenTable | None = getattr(engines, "_export_token_table", None)
-    if table is None:
-        table = build_token_table(engines.tokenizer)
-        engines._export_token_table = table  # type: ignore[attr-defined]
-    return table
+def export_request(body: CompletionRequest, k: int, settings: Settings, vocab_size: int) -> GenerationRequest:
+    """The request's sampling stack applied to its own prompt; the engine samples one internal token
+    (it cannot stop before sampling once), which is never returned or counted."""
+    sampling = generation_request(body.model_copy(update={"min_tokens": 0}), max_tokens=1, logprobs=None,
+                                  settings=settings, vocab_size=vocab_size, stream=False)
+    return dataclasses.replace(sampling, export_top_k=k)
 
 
 def render_position(position: ExportPosition, table: TokenTable) -> dict[str, Any]:
@@ -95,21 +75,10 @@ def render_position(position: ExportPosition, table: TokenTable) -> dict[str, An
             "rank": position.target_rank, "top_logprobs": top}
 
 
-async def _positions(engines: EngineManager, prompt: list[int], params: SamplingParams, k: int,
-                     rid: str) -> list[ExportPosition]:
-    scored = None
-    async for output in engines.generate(prompt, params, rid, EngineRole.MAIN):
-        if output.prompt_logprobs is not None:
-            scored = output.prompt_logprobs
-    if scored is None:
-        raise RuntimeError("the engine returned no prompt log-probabilities")
-    return await asyncio.to_thread(positions_from_prompt_logprobs, prompt, scored, k)
-
-
-def _streams(engines: EngineManager, prompts: list[list[int]], params: SamplingParams, k: int,
+def _streams(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest,
              rid: str) -> list[AsyncIterator[list[ExportPosition]]]:
     async def one(i: int, prompt: list[int]) -> AsyncIterator[list[ExportPosition]]:
-        yield await _positions(engines, prompt, params, k, f"{rid}-{i}")
+        yield await engines.export(prompt, export, f"{rid}-{i}")
 
     return [one(i, p) for i, p in enumerate(prompts)]
 
@@ -136,16 +105,17 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
         raise APIError(400, f"this export would return {values} values (positions × compression_top_k); the limit "
                             f"is {settings.max_export_values} (max_export_values): send fewer or shorter prompts "
                             "per request, or a smaller compression_top_k", param="compression_top_k")
-    params = export_params(body, k, settings, len(engines.tokenizer))
+    export = export_request(body, k, settings, len(engines.tokenizer))
+    engines.validate(export)
     rid = request_id(request)
-    table = _table(engines)
+    table = get_gateway(request).token_table()
     prompt_tokens = sum(len(p) for p in prompts)
     metrics.prompt_tokens.labels("export").inc(prompt_tokens)
     if body.stream and OCTET not in request.headers.get("accept", ""):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(engines, prompts, params, k, rid, settings, table, metrics, include_usage),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
-    tasks = [asyncio.ensure_future(_positions(engines, p, params, k, f"{rid}-{i}")) for i, p in enumerate(prompts)]
+        events = _sse(engines, prompts, export, k, rid, settings, table, metrics, include_usage)
+        return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
+    tasks = [asyncio.ensure_future(engines.export(p, export, f"{rid}-{i}")) for i, p in enumerate(prompts)]
     try:
         await until_disconnect(request, lambda: asyncio.shield(tasks[0]))
     except BaseException:
@@ -159,31 +129,25 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     return StreamingResponse(_json(tasks, k, head, usage, table, metrics), media_type="application/json")
 
 
-async def _sse(engines: EngineManager, prompts: list[list[int]], params: SamplingParams, k: int, rid: str,
+async def _sse(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest, k: int, rid: str,
                settings: Settings, table: TokenTable, metrics: Metrics, include_usage: bool) -> AsyncIterator[bytes]:
-    try:
-        async for index, positions in merge(_streams(engines, prompts, params, k, rid)):
-            metrics.export_positions.inc(len(positions))
-            for start in range(0, max(len(positions), 1), STREAM_BATCH):
-                batch = positions[start:start + STREAM_BATCH]
-                last = start + STREAM_BATCH >= len(positions)
-                chunk = _envelope(rid, settings.model_name)
-                offset = batch[0].index if batch else 1
-                chunk["choices"] = [{"index": index, "text": "", "finish_reason": "length" if last else None,
-                                     "logprobs": _logprobs_block(k, [render_position(p, table) for p in batch],
-                                                                 offset)}]
-                yield sse_data(chunk)
-        if include_usage:
-            total = sum(len(p) for p in prompts)
+    async for index, positions in merge(_streams(engines, prompts, export, rid)):
+        metrics.export_positions.inc(len(positions))
+        for start in range(0, max(len(positions), 1), STREAM_BATCH):
+            batch = positions[start:start + STREAM_BATCH]
+            last = start + STREAM_BATCH >= len(positions)
             chunk = _envelope(rid, settings.model_name)
-            chunk["choices"] = []
-            chunk["usage"] = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
+            offset = batch[0].index if batch else 1
+            chunk["choices"] = [{"index": index, "text": "", "finish_reason": "length" if last else None,
+                                 "logprobs": _logprobs_block(k, [render_position(p, table) for p in batch],
+                                                             offset)}]
             yield sse_data(chunk)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        yield sse_data(error_payload(exc))
-    yield SSE_DONE
+    if include_usage:
+        total = sum(len(p) for p in prompts)
+        chunk = _envelope(rid, settings.model_name)
+        chunk["choices"] = []
+        chunk["usage"] = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
+        yield sse_data(chunk)
 
 
 async def _cancel(tasks: Sequence[asyncio.Future[list[ExportPosition]]]) -> None:

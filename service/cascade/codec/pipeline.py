@@ -15,7 +15,7 @@ import functools
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -35,7 +35,6 @@ from cascade.codec.segmenter import Segment, Segmenter
 
 if TYPE_CHECKING:
     from cascade.codec.exact.runner import ExactRunner
-    from cascade.engine.manager import EngineManager
 
 T = TypeVar("T")
 REFERENCE_CONTAINER = Path(__file__).with_name("exact") / "reference.cz"
@@ -132,20 +131,25 @@ async def ordered(jobs: AsyncIterator[Callable[[], Awaitable[T]]], window: int) 
 
 
 class CodecPipeline:
-    """One per service: knows the model (tokenizer, fingerprint) and drives the exact runner."""
+    """One per service: knows the model (tokenizer, fingerprint) and drives the exact runner.
 
-    def __init__(self, engines: EngineManager, max_positions: int, window: int, limits: Limits | None = None) -> None:
-        self.engines = engines
+    Whether the codec may serve is the app's to say (``lifecycle.CodecStatus``); the pipeline only
+    refuses work before a runner is attached."""
+
+    def __init__(self, max_positions: int, window: int, limits: Limits | None = None) -> None:
         self.max_positions = max_positions
         self.window = max(1, window)
         self.limits = limits or Limits()
         self.runner: ExactRunner | None = None
         self.numerics = ""
-        self.unavailable_reason: str | None = "the codec is starting"
+        self.fingerprint = b""
+        self._tokenizer: Any = None
 
     @property
     def tokenizer(self) -> Any:
-        return self.engines.tokenizer
+        if self._tokenizer is None:
+            raise CodecUnavailableError("the codec is starting")
+        return self._tokenizer
 
     @property
     def vocab_size(self) -> int:
@@ -163,9 +167,12 @@ class CodecPipeline:
         than bytes, and a forged token count is refused before any decoding work."""
         return all(self.decode_tokens([t]) for t in range(len(self.tokenizer)))
 
-    def attach(self, runner: ExactRunner, numerics: str) -> None:
+    def attach(self, runner: ExactRunner, numerics: str, tokenizer: Any, fingerprint: bytes) -> None:
+        """Serve with ``runner`` for the model whose tokenizer and fingerprint are given."""
         self.runner = runner
         self.numerics = numerics
+        self._tokenizer = tokenizer
+        self.fingerprint = fingerprint
 
     def encode_text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -173,13 +180,9 @@ class CodecPipeline:
     def decode_tokens(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
-    def check_available(self) -> None:
-        if self.unavailable_reason is not None:
-            raise CodecUnavailableError(self.unavailable_reason)
-
     def _runner(self) -> ExactRunner:
         if self.runner is None:
-            raise CodecUnavailableError(self.unavailable_reason or "the codec is starting")
+            raise CodecUnavailableError("the codec is starting")
         return self.runner
 
     def context_tokens(self, context: bytes) -> list[int]:
@@ -205,16 +208,14 @@ class CodecPipeline:
         return [t for lane in lanes for t in lane]
 
     async def compress(self, chunks: AsyncIterator[bytes], options: CompressOptions, stats: CompressStats,
-                       request_id: str, *, self_test: bool = False) -> AsyncIterator[bytes]:
+                       request_id: str) -> AsyncIterator[bytes]:
         """Container bytes, header first; each segment's record as soon as it is coded."""
-        if not self_test:
-            self.check_available()
         context = self.context_tokens(options.context)
         lane_tokens = min(options.lane_tokens, self.max_lane_tokens(len(context)))
         lanes = min(options.lanes, MAX_LANES)
         segmenter = Segmenter(self.encode_text, self.decode_tokens, lane_tokens * lanes,
                               target_bytes=lane_tokens * lanes * 3)
-        writer = ContainerWriter(Header(self.engines.fingerprint, options.precision_bits, options.top_k,
+        writer = ContainerWriter(Header(self.fingerprint, options.precision_bits, options.top_k,
                                         self.vocab_size, self.numerics, lane_tokens,
                                         {"separator_id": self.separator_id}, options.context))
         header = writer.header_bytes()
@@ -259,11 +260,9 @@ class CodecPipeline:
 
         return run
 
-    async def decompress(self, chunks: AsyncIterator[bytes], request_id: str, *,
-                         self_test: bool = False) -> AsyncIterator[tuple[int, bytes]]:
+    async def decompress(self, chunks: AsyncIterator[bytes],
+                         request_id: str) -> AsyncGenerator[tuple[int, bytes], None]:
         """(segment index, original bytes) in order; every segment is CRC-verified before it is yielded."""
-        if not self_test:
-            self.check_available()
         reader = ContainerReader(self.limits)
         header: Header | None = None
         prompt: list[int] = []
@@ -288,10 +287,10 @@ class CodecPipeline:
             yield result
 
     def _check_header(self, header: Header) -> None:
-        if header.fingerprint != self.engines.fingerprint:
+        if header.fingerprint != self.fingerprint:
             raise ModelMismatchError(
                 f"container was made with model fingerprint {header.fingerprint.hex()[:16]}…, this server runs "
-                f"{self.engines.fingerprint.hex()[:16]}…: decompress it with the same model")
+                f"{self.fingerprint.hex()[:16]}…: decompress it with the same model")
         if header.vocab_size != self.vocab_size:
             raise ModelMismatchError(f"container vocabulary {header.vocab_size} ≠ model vocabulary {self.vocab_size}")
         if header.numerics != self.numerics:
@@ -325,33 +324,27 @@ class CodecPipeline:
         return run
 
     async def self_test(self, inject_fault: bool = False) -> None:
-        """Round-trip a sample through the exact runner; on failure the codec answers 503 with the reason."""
-        self.unavailable_reason = "the codec's startup self-test is running"
-        try:
-            options = CompressOptions(top_k=64, precision_bits=32, lane_tokens=48, lanes=4)
-            stats = CompressStats()
+        """Round-trip a sample through the exact runner and compare it with the known answer; raises
+        when anything differs (the app then keeps the codec off with the reason)."""
+        options = CompressOptions(top_k=64, precision_bits=32, lane_tokens=48, lanes=4)
+        stats = CompressStats()
 
-            async def source() -> AsyncIterator[bytes]:
-                yield SELF_TEST_TEXT.encode()
+        async def source() -> AsyncIterator[bytes]:
+            yield SELF_TEST_TEXT.encode()
 
-            container = b"".join([part async for part in self.compress(source(), options, stats, "selftest",
-                                                                               self_test=True)])
-            if inject_fault:
-                damaged = bytearray(container)
-                damaged[-40] ^= 0x10
-                container = bytes(damaged)
+        container = b"".join([part async for part in self.compress(source(), options, stats, "selftest")])
+        if inject_fault:
+            damaged = bytearray(container)
+            damaged[-40] ^= 0x10
+            container = bytes(damaged)
 
-            async def packed() -> AsyncIterator[bytes]:
-                yield container
+        async def packed() -> AsyncIterator[bytes]:
+            yield container
 
-            decoded = b"".join([data async for _, data in self.decompress(packed(), "selftest", self_test=True)])
-            if decoded != SELF_TEST_TEXT.encode():
-                raise IntegrityError("self-test text did not round-trip")
-            self._check_reference(container)
-            self.unavailable_reason = None
-        except Exception as exc:  # whatever fails, the codec stays off with the reason; the service serves on
-            self.unavailable_reason = f"codec disabled: the startup self-test failed ({type(exc).__name__}: {exc})"
-
+        decoded = b"".join([data async for _, data in self.decompress(packed(), "selftest")])
+        if decoded != SELF_TEST_TEXT.encode():
+            raise IntegrityError("self-test text did not round-trip")
+        self._check_reference(container)
 
     def _check_reference(self, container: bytes) -> None:
         """Known answer: for the default model, the sample's container must equal, byte for byte, the
@@ -360,7 +353,7 @@ class CodecPipeline:
         reference = REFERENCE_CONTAINER.read_bytes()
         header = ContainerReader().feed(reference)[0]
         assert isinstance(header, Header)
-        if header.fingerprint == self.engines.fingerprint and header.numerics == self.numerics \
+        if header.fingerprint == self.fingerprint and header.numerics == self.numerics \
                 and container != reference:
             raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
                                  "(the self-test container differs from exact/reference.cz)")

@@ -9,6 +9,7 @@ sampled generation). The engine's own float distributions never enter the code.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,9 +28,8 @@ class SamplingEncoder:
         self.data = b""
         self.finished = False
 
-    def observe(self, completion: Any) -> list[str]:
-        self.token_ids.extend(completion.token_ids)
-        return []
+    def observe(self, token_ids: Sequence[int]) -> None:
+        self.token_ids.extend(token_ids)
 
     async def finish(self) -> list[str]:
         if self.finished or not self.token_ids:

@@ -1,4 +1,8 @@
-"""Owns the vLLM ``AsyncLLM`` engines: start, readiness, generation with abort, shutdown."""
+"""The gateway's engine adapter: owns the vLLM ``AsyncLLM`` engines (start, readiness, shutdown) and
+serves Cascade's requests on them in Cascade's types (``cascade.engine.types``), so no route sees a
+vLLM object. Every engine is checked at start-up: the vLLM surface Cascade relies on
+(``vllm_compat.contract``), the in-engine hooks its role needs (installed by RPC, each checking the
+live runner first), and a probe request per hook proving it took effect."""
 
 from __future__ import annotations
 
@@ -9,13 +13,17 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cascade.engine.config import EngineRole, engine_kwargs, engine_roles
+from cascade.engine import outputs
+from cascade.engine.config import ROLE_HOOKS, EngineRole, engine_kwargs, engine_roles
 from cascade.engine.fingerprint import model_fingerprint
-from cascade.engine.worker_state import RPC_METHOD, WORKER_EXTENSION, merge_counts
+from cascade.engine.params import sampling_params, top_logprobs_params, translate_error
+from cascade.engine.types import Generation, GenerationRequest
+from cascade.export.topk import ExportPosition
 from cascade.settings import Settings
+from cascade.vllm_compat.worker_extension import INSTALL_HOOKS_RPC, LIVE_STATE_RPC, WORKER_EXTENSION, merge_counts
 
 if TYPE_CHECKING:
-    from vllm import RequestOutput, SamplingParams
+    from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("cascade.engine")
@@ -38,8 +46,10 @@ class EngineManager:
     start_error: str | None = None
     fingerprint: bytes = b""
     started_at: float = 0.0
+    aborted: int = 0
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _tokenizer: Any = None
+    _probing: bool = False
 
     def roles(self) -> list[EngineRole]:
         """The engine roles this configuration runs."""
@@ -50,20 +60,24 @@ class EngineManager:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from cascade.plugin import check_vllm_version
+        from cascade.vllm_compat.contract import require_compatible
+        from cascade.vllm_compat.version import check_vllm_version
 
         t0 = time.monotonic()
         try:
             check_vllm_version()
+            require_compatible()
             self.fingerprint = await asyncio.to_thread(model_fingerprint, self.settings.model)
 
             async def start_one(role: EngineRole) -> None:
                 args = AsyncEngineArgs(**engine_kwargs(self.settings, role), worker_extension_cls=WORKER_EXTENSION)
-                self.engines[role] = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+                engine = self.engines[role] = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+                await engine.collective_rpc(INSTALL_HOOKS_RPC, args=(list(ROLE_HOOKS[role]),))
                 logger.info("engine started", extra={"role": role.value, "seconds": time.monotonic() - t0})
 
             await asyncio.gather(*(start_one(role) for role in self.roles()))
             self._tokenizer = self.engines[EngineRole.MAIN].get_tokenizer()
+            await probe_hooks(self)
             self.started_at = time.time()
             self._ready.set()
         except Exception as exc:
@@ -76,6 +90,11 @@ class EngineManager:
         """True once every engine started and none has died."""
         return self._ready.is_set() and not any(engine.errored for engine in self.engines.values())
 
+    @property
+    def dead(self) -> bool:
+        """Some engine started and has since died."""
+        return any(engine.errored for engine in self.engines.values())
+
     def not_ready_reason(self) -> str:
         """Human-readable reason for ``ready`` being false."""
         if self.start_error:
@@ -85,10 +104,13 @@ class EngineManager:
         dead = [role.value for role, engine in self.engines.items() if engine.errored]
         return f"engine died ({', '.join(dead)}); the service must be restarted"
 
-    def engine(self, role: EngineRole = EngineRole.MAIN) -> AsyncLLM:
-        """The engine for a role, or ``EngineNotReadyError``."""
-        if not self.ready:
+    def check_ready(self) -> None:
+        """``EngineNotReadyError`` unless every engine is up."""
+        if not self.ready and not self._probing:
             raise EngineNotReadyError(self.not_ready_reason())
+
+    def _engine(self, role: EngineRole) -> AsyncLLM:
+        self.check_ready()
         return self.engines[role]
 
     @property
@@ -106,7 +128,7 @@ class EngineManager:
         """Per engine: unfinished requests plus the per-request state its worker holds (vLLM's and
         Cascade's prediction states; see ``worker_state``). Dead engines are skipped."""
         async def one(role: EngineRole, engine: AsyncLLM) -> tuple[str, dict[str, int]]:
-            per_worker = await asyncio.wait_for(engine.collective_rpc(RPC_METHOD), timeout)
+            per_worker = await asyncio.wait_for(engine.collective_rpc(LIVE_STATE_RPC), timeout)
             counts = merge_counts(list(per_worker))
             counts["unfinished_requests"] = engine.get_num_unfinished_requests()
             return role.value, counts
@@ -114,26 +136,54 @@ class EngineManager:
         live = [(role, engine) for role, engine in self.engines.items() if not engine.errored]
         return dict(await asyncio.gather(*(one(role, engine) for role, engine in live)))
 
-    async def generate(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        request_id: str,
-        role: EngineRole = EngineRole.MAIN,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream outputs; cancelling the consumer aborts the request inside the engine.
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise the engine's ``EngineRequestError`` for parameters it would refuse, before any
+        response starts (the engine itself only checks when it admits the request)."""
+        sampling_params(request, len(self.tokenizer))
 
-        Closing vLLM's stream aborts by its internal, randomised id: ``engine.abort(request_id)``
-        would abort every request sharing the external id, not only this one."""
-        engine = self.engine(role)
+    async def generate(self, prompt_token_ids: Sequence[int], request: GenerationRequest, request_id: str,
+                       role: EngineRole = EngineRole.MAIN) -> AsyncIterator[Generation]:
+        """Stream a request's outputs; cancelling or closing the consumer aborts it in the engine."""
+        params = sampling_params(request, len(self.tokenizer))
+        async for output in self._outputs(prompt_token_ids, params, request_id, role):
+            yield outputs.generation(output)
+
+    async def export(self, prompt: Sequence[int], request: GenerationRequest, request_id: str) -> list[ExportPosition]:
+        """The teacher-forced, processed top-``request.export_top_k`` distribution of every prompt position."""
+        assert request.export_top_k is not None
+        params = sampling_params(request, len(self.tokenizer))
+        final = None
+        async for output in self._outputs(prompt, params, request_id, EngineRole.MAIN):
+            if output.prompt_logprobs is not None:
+                final = output
+        return await asyncio.to_thread(outputs.export_positions, prompt, final, request.export_top_k)
+
+    async def top_logprobs(self, token_ids: Sequence[int], k: int, request_id: str) -> list[tuple[int, float]]:
+        """The model's ``k`` most likely next tokens after ``token_ids`` with their raw log-probabilities."""
+        final = None
+        async for output in self._outputs(token_ids, top_logprobs_params(k), request_id, EngineRole.MAIN):
+            final = output
+        return outputs.top_logprobs(final)
+
+    async def _outputs(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str,
+                       role: EngineRole) -> AsyncIterator[Any]:
+        """vLLM's outputs with its errors translated. Closing vLLM's stream aborts by its internal,
+        randomised id: ``engine.abort(request_id)`` would abort every request sharing the external id."""
+        engine = self._engine(role)
         finished = False
         stream = engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
         try:
             async for output in stream:
                 finished = output.finished
                 yield output
+        except Exception as exc:
+            error = translate_error(exc)
+            if error is None:
+                raise
+            raise error from exc
         finally:
             if not finished and not engine.errored:
+                self.aborted += 1
                 await stream.aclose()
 
     def shutdown(self) -> None:
@@ -145,3 +195,39 @@ class EngineManager:
                 logger.exception("engine shutdown failed", extra={"role": role.value})
         self.engines.clear()
         self._ready.clear()
+
+
+async def probe_hooks(engines: EngineManager) -> None:
+    """Prove each installed hook takes effect before the service reports ready.
+
+    An export under ``top_k=2`` must come back with at most two candidates per position (the
+    export hook ran the sampling stack over the prompt logits); a prediction must be drafted from
+    (the bind-batch hook told the proposer which request sits in each row)."""
+    from cascade.engine.types import Prediction
+    from cascade.vllm_compat.version import IncompatibleVllmError
+
+    engines._probing = True
+    try:
+        prompt = list(engines.tokenizer.encode("def add(a, b):\n    return a + b\n", add_special_tokens=False))
+        positions = await engines.export(prompt, GenerationRequest(max_tokens=1, top_k=2, export_top_k=4),
+                                         "cascade-probe-export")
+        if not positions or any(len(p.ids) > 2 for p in positions):
+            raise IncompatibleVllmError("the top-k export hook did not process the prompt logits (a top_k=2 export "
+                                        "returned more than 2 candidates): vLLM's prompt-logprobs path changed")
+        if EngineRole.PREDICT in engines.engines:
+            greedy = GenerationRequest(max_tokens=8, temperature=0.0, ignore_eos=True)
+            drafted = 0
+            tokens: tuple[int, ...] = ()
+            async for out in engines.generate(prompt[:4], greedy, "cascade-probe-greedy"):
+                tokens = out.completions[0].token_ids
+            predicted = GenerationRequest(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                          prediction=Prediction(tuple(tokens)))
+            async for out in engines.generate(prompt[:4], predicted, "cascade-probe-predict", EngineRole.PREDICT):
+                counts = out.completions[0].prediction
+                drafted += counts.drafted if counts is not None else 0
+            if not drafted:
+                raise IncompatibleVllmError("the static-text proposer drafted nothing for a request carrying a "
+                                            "prediction: the bind-batch hook or vLLM's custom_class proposer API "
+                                            "changed")
+    finally:
+        engines._probing = False

@@ -28,11 +28,6 @@ class ByteTokenizer:
         return bytes(tokens).decode("utf-8", "replace")
 
 
-class FakeEngines:
-    tokenizer = ByteTokenizer()
-    fingerprint = bytes(range(32))
-
-
 class ReverseFinishingRunner:
     """Stores each lane's tokens as bytes; later segments finish first."""
 
@@ -58,9 +53,8 @@ class ReverseFinishingRunner:
 
 
 def _pipeline(window: int) -> CodecPipeline:
-    pipe = CodecPipeline(FakeEngines(), max_positions=64, window=window)  # type: ignore[arg-type]
-    pipe.unavailable_reason = None
-    pipe.attach(ReverseFinishingRunner(), "bytes-test")  # type: ignore[arg-type]
+    pipe = CodecPipeline(max_positions=64, window=window)
+    pipe.attach(ReverseFinishingRunner(), "bytes-test", ByteTokenizer(), bytes(range(32)))  # type: ignore[arg-type]
     return pipe
 
 

@@ -1,0 +1,118 @@
+"""The codec on ``/v1/completions``: ``codec: {"mode": "encode"}`` codes the sampled (or given) tokens,
+``"decode"`` replays them from the code."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from cascade.api.completion_render import choice_body, envelope, usage
+from cascade.api.deps import get_gateway, request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import CodecField, CompletionRequest
+from cascade.api.sampling import check_token_ids, resolve_max_tokens
+from cascade.api.streaming import SSE_DONE, SSE_HEADERS, sse_data, until_disconnect
+from cascade.codec.pipeline import CodecPipeline, CodecUnavailableError
+from cascade.settings import Settings
+
+Sample = Callable[[CodecPipeline], Awaitable[JSONResponse | StreamingResponse]]
+
+
+def codec_for(request: Request) -> CodecPipeline:
+    """The ready codec, or the 503 that says why not."""
+    try:
+        return get_gateway(request).ready_codec()
+    except CodecUnavailableError as exc:
+        raise APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"}) from None
+
+
+async def codec_completion(request: Request, body: CompletionRequest, prompts: list[list[int]], settings: Settings,
+                           sample: Sample) -> JSONResponse | StreamingResponse:
+    """Encode mode samples through ``sample`` (the ordinary completion path, with a coding observer)."""
+    codec_field = body.codec
+    assert codec_field is not None
+    if not settings.enable_codec:
+        raise APIError(400, "the codec is disabled on this server", param="codec")
+    if body.prediction is not None or body.n != 1 or len(prompts) != 1 or body.logprobs is not None:
+        raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec")
+    codec = codec_for(request)
+    vocab = codec.vocab_size
+    if codec_field.top_k >= vocab:
+        raise APIError(400, f"codec.top_k must be below the vocabulary size {vocab}", param="codec.top_k")
+    stream = body.stream
+    include_usage = bool(stream and body.stream_options and (body.stream_options.include_usage
+                                                              or body.stream_options.continuous_usage_stats))
+    if codec_field.mode == "encode":
+        if codec_field.data is not None:
+            raise APIError(400, "codec.data is only for mode 'decode'", param="codec.data")
+        if codec_field.token_ids is not None:
+            return await _forced_encode(request, codec_field, prompts[0], stream, settings, codec)
+        return await sample(codec)
+    if codec_field.data is None:
+        raise APIError(400, "codec mode 'decode' needs codec.data (base64)", param="codec.data")
+    if codec_field.numerics is not None and codec_field.numerics != codec.numerics:
+        raise APIError(409, f"codec.data was made with numerics {codec_field.numerics!r}; this server computes "
+                            f"{codec.numerics!r}", param="codec.numerics", code="numerics_mismatch")
+    try:
+        payload = base64.b64decode(codec_field.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, "codec.data is not valid base64", param="codec.data", code="invalid_base64") from None
+    tokens = codec_field.tokens or body.max_tokens
+    if tokens is None:
+        raise APIError(400, "codec mode 'decode' needs codec.tokens", param="codec.tokens")
+    resolve_max_tokens(tokens, len(prompts[0]), settings, "codec.tokens")
+    ids = await until_disconnect(request, lambda: codec.decode_tokens_from(
+        prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits))
+    summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids}
+    return _replayed(request, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
+
+
+def _replayed(request: Request, ids: list[int], prompt_tokens: int, summary: dict[str, Any], stream: bool,
+              include_usage: bool, settings: Settings, codec: CodecPipeline) -> JSONResponse | StreamingResponse:
+    """A completion whose tokens the codec produced (no engine sampled them)."""
+    rid = request_id(request)
+    choice = choice_body("completion", 0, codec.decode_tokens(ids), None, "length", chunk=stream)
+    counts = usage(prompt_tokens, len(ids))
+    if not stream:
+        body = envelope("completion", rid, settings.model_name, chunk=False)
+        body.update(choices=[choice], usage=counts, codec=summary)
+        return JSONResponse(body)
+
+    async def events() -> AsyncIterator[bytes]:
+        chunk = envelope("completion", rid, settings.model_name, chunk=True)
+        chunk.update(choices=[choice], codec=summary)
+        if include_usage:
+            chunk["usage"] = None
+        yield sse_data(chunk)
+        if include_usage:
+            final = envelope("completion", rid, settings.model_name, chunk=True)
+            final.update(choices=[], usage=counts)
+            yield sse_data(final)
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _forced_encode(request: Request, codec_field: CodecField, prompt: list[int], stream: bool,
+                         settings: Settings, codec: CodecPipeline) -> JSONResponse:
+    """``codec: {"mode": "encode", "token_ids": [...]}``: code given tokens after the prompt (teacher
+    forcing) instead of sampling — the inverse of decode mode, token for token."""
+    if stream:
+        raise APIError(400, "codec encode with token_ids is not streamed", param="stream")
+    ids = list(check_token_ids(codec_field.token_ids or [], codec.vocab_size, "codec.token_ids"))
+    resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
+    rid = request_id(request)
+    payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
+        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits))
+    body = envelope("completion", rid, settings.model_name, chunk=False)
+    body["choices"] = [choice_body("completion", 0, codec.decode_tokens(ids), None, "length", chunk=False)]
+    body["usage"] = usage(len(prompt), len(ids))
+    body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,
+                     "precision_bits": codec_field.precision_bits, "numerics": codec.numerics,
+                     "data": base64.b64encode(payload).decode()}
+    return JSONResponse(body)

@@ -1,0 +1,97 @@
+"""Completions and chat completions in OpenAI's shapes: envelopes, choices, logprobs, usage."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cascade.api.predictions import PredictionUsage
+from cascade.engine.types import CompletionDelta, TokenLogprobs
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass
+class Choice:
+    """One choice being assembled from engine deltas."""
+
+    text: str = ""
+    tokens: int = 0
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind) -> None:
+        self.text += delta.text
+        self.tokens += len(delta.token_ids)
+        self.logprobs += logprob_entries(delta, top_n, kind)
+        self.finish_reason = delta.finish_reason or self.finish_reason
+
+
+def _top_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def _entry(position: TokenLogprobs, top_n: int, kind: Kind) -> dict[str, Any]:
+    """Chat's ``top_logprobs`` are the ``top_n`` best; completions' also hold the sampled token
+    (OpenAI's legacy rule, so ``logprobs: 0`` still shows it)."""
+    best = [c for c in position.candidates[:top_n] if kind == "chat" or c.token_id != position.token_id]
+    if kind == "completion":
+        chosen = next(c for c in position.candidates if c.token_id == position.token_id)
+        best = sorted([*best, chosen], key=lambda c: -c.logprob)
+    entry = _top_entry(position.token, position.logprob)
+    entry["top_logprobs"] = [_top_entry(c.token, c.logprob) for c in best]
+    return entry
+
+
+def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind) -> list[dict[str, Any]]:
+    """OpenAI per-token entries for a delta (none when logprobs were not asked for)."""
+    if top_n is None or delta.logprobs is None:
+        return []
+    return [_entry(position, top_n, kind) for position in delta.logprobs]
+
+
+def render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int) -> dict[str, Any]:
+    if kind == "chat":
+        return {"content": entries}
+    offsets, pos = [], text_offset
+    for entry in entries:
+        offsets.append(pos)
+        pos += len(entry["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          predictions: PredictionUsage | None = None) -> dict[str, Any]:
+    """OpenAI's usage block; the details appear when the engine reported them."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if predictions is not None:
+        body["completion_tokens_details"] = predictions.details()
+    return body
+
+
+def envelope(kind: Kind, rid: str, model: str, chunk: bool) -> dict[str, Any]:
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    obj = {"chat": "chat.completion", "completion": "text_completion"}[kind]
+    if chunk and kind == "chat":
+        obj += ".chunk"
+    return {"id": f"{prefix}-{rid}", "object": obj, "created": int(time.time()), "model": model}
+
+
+def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,
+                *, chunk: bool, first: bool = False) -> dict[str, Any]:
+    """One choice: a chat message or delta (``first`` delta carries the role), or a completion's text."""
+    if kind == "completion":
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if chunk:
+        delta: dict[str, Any] = {"content": text}
+        if first:
+            delta["role"] = "assistant"
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish_reason}
