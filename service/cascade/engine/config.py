@@ -63,7 +63,7 @@ def engine_kwargs(settings: Settings, role: EngineRole, *, cpu: bool | None = No
     if role is EngineRole.PREDICT:
         kwargs["speculative_config"] = {
             "method": "custom_class",
-            "model": "cascade.predict.vllm_proposer.StaticTextProposer",
+            "model": "cascade.vllm_compat.proposer.StaticTextProposer",
             "num_speculative_tokens": settings.num_speculative_tokens,
         }
         kwargs["per_request_spec_decode_metrics"] = "summary"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from cascade.export.processing import process_prompt_logits
+from cascade.vllm_compat.export_processing import process_prompt_logits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

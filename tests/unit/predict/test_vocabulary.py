@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from cascade.predict.static_text import PredictionState
-from cascade.predict.vllm_proposer import tokenizer_vocabulary
 from cascade.predict.vocabulary import TokenizerVocabulary, char_boundary, text_of, token_pieces
+from cascade.vllm_compat.proposer import tokenizer_vocabulary
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

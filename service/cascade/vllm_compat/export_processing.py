@@ -5,7 +5,7 @@ export the user asks for the distribution the sampler would draw from, so this a
 steps in vLLM's order: allowed-token mask, bad words, logit bias, temperature, min-p, then the
 top-k/top-p masks (computed on each row's best candidates only, see ``_truncation_mask``).
 Penalties and ``min_tokens`` depend on generated tokens and are refused at the API, so they never
-reach here.
+reach here. ``cascade.vllm_compat.export_hook`` calls this from inside vLLM's prompt-logprobs step.
 """
 
 from __future__ import annotations
@@ -15,13 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-
-EXPORT_KEY = "cascade_export"
-
-
-def is_export_request(sampling_params: Any) -> bool:
-    extra = getattr(sampling_params, "extra_args", None) or {}
-    return bool(extra.get(EXPORT_KEY))
 
 
 def _ban_bad_words(logits: torch.Tensor, bad_words: Sequence[Sequence[int]], prompt: Sequence[int],

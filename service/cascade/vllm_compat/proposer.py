@@ -1,30 +1,28 @@
 """vLLM ``custom_class`` speculative proposer that drafts from each request's own prediction.
 
 Per-request state lives here (inside the engine's worker process), keyed by request id and
-created from ``SamplingParams.extra_args["cascade_prediction"]``; the pure algorithm is
-``cascade.predict.static_text.PredictionState``.
+created from ``SamplingParams.extra_args["cascade_prediction"]`` (``request_keys.prediction_extra_args``);
+the pure algorithm is ``cascade.predict.static_text.PredictionState``. vLLM loads the class by its
+dotted path (``PROPOSER``, the ``custom_class`` speculative model). It learns each row's request
+from ``bind_batch``, which ``bind_batch_hook`` calls before every ``propose``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
 from cascade.predict.draft_length import AdaptiveLength, DraftLength, FixedLength
 from cascade.predict.static_text import PredictionState
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
+from cascade.vllm_compat.request_keys import prediction_spec
+from cascade.vllm_compat.version import IncompatibleVllmError
 
-EXTRA_ARGS_KEY = "cascade_prediction"
+PROPOSER = "cascade.vllm_compat.proposer.StaticTextProposer"
 ROUND_TRIP_SAMPLE = "def f(x_1, naïve):\n\treturn {'k': [x_1 ** 2]}  # ok → é\r\n"
 logger = logging.getLogger("cascade.predict.proposer")
-
-
-def prediction_extra_args(token_ids: Sequence[int], mode: str, adaptive: bool = True) -> dict[str, Any]:
-    """What the gateway puts into ``SamplingParams.extra_args`` for a request with a prediction
-    (``adaptive=False``: always draft K tokens, for benchmarks)."""
-    return {EXTRA_ARGS_KEY: {"ids": list(token_ids), "mode": mode, "adaptive": adaptive}}
 
 
 def tokenizer_vocabulary(tokenizer: Any) -> TokenizerVocabulary:
@@ -65,19 +63,20 @@ class StaticTextProposer:
         self.logs: dict[str, PredictionDebugLog] = {}
         self._rows: list[str] = []
         self._requests: Mapping[str, Any] = {}
+        self._bound = False
 
     def bind_batch(self, req_ids: list[str], requests: Mapping[str, Any]) -> None:
-        """Called by the hook before each ``propose``: row → request id, and live requests."""
+        """Called by the hook before each ``propose``: row → request id, and live requests. Arms the
+        next ``propose`` (which refuses to run unarmed)."""
         self._rows = req_ids
         self._requests = requests
+        self._bound = True
 
     def _state(self, req_id: str) -> PredictionState | None:
         state = self.states.get(req_id)
         if state is not None:
             return state
-        request = self._requests.get(req_id)
-        params = getattr(request, "sampling_params", None)
-        spec = (getattr(params, "extra_args", None) or {}).get(EXTRA_ARGS_KEY)
+        spec = prediction_spec(getattr(self._requests.get(req_id), "sampling_params", None))
         if not spec:
             return None
         lengths: DraftLength = AdaptiveLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
@@ -116,6 +115,12 @@ class StaticTextProposer:
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
+        if not self._bound:
+            raise IncompatibleVllmError(
+                "StaticTextProposer.propose was called without bind_batch for this step: the bind_batch hook "
+                "no longer fires before propose (GPUModelRunner.propose_draft_token_ids changed, or the hook "
+                "was not installed with the cascade_install_hooks RPC)")
+        self._bound = False
         self.release_finished()
         drafts: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):

@@ -1,0 +1,151 @@
+"""Every vLLM surface Cascade relies on, checked by import and inspection (no engine needed).
+
+``problems()`` lists what differs from what Cascade was written against; ``require_compatible()``
+raises ``IncompatibleVllmError`` listing all of it. The gateway calls the latter before starting
+engines. Each check is one ``CHECKS`` entry:
+
+- ``params``: a method's parameter names, exactly (a private method Cascade wraps or relies on);
+- ``fields``: names the class declares as fields/constructor arguments (msgspec ``Struct`` fields,
+  dataclass fields, or ``__init__`` parameters for a plain class);
+- ``attrs``: names the class has (methods, properties, enum members).
+
+``CLASSES`` says where each checked class lives. Tests pass stand-ins through ``classes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, NamedTuple
+
+from cascade.vllm_compat.version import IncompatibleVllmError, check_vllm_version
+
+
+class Check(NamedTuple):
+    target: str  # a key of CLASSES
+    kind: Literal["params", "fields", "attrs"]
+    names: tuple[str, ...]
+    member: str = ""  # the method, for "params"
+
+
+CLASSES: dict[str, str] = {
+    "GPUModelRunner": "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+    "SamplingParams": "vllm.sampling_params:SamplingParams",
+    "RequestOutputKind": "vllm.sampling_params:RequestOutputKind",
+    "StructuredOutputsParams": "vllm.sampling_params:StructuredOutputsParams",
+    "AsyncEngineArgs": "vllm.engine.arg_utils:AsyncEngineArgs",
+    "AsyncLLM": "vllm.v1.engine.async_llm:AsyncLLM",
+    "RequestOutput": "vllm.outputs:RequestOutput",
+    "CompletionOutput": "vllm.outputs:CompletionOutput",
+    "RequestSpecDecodeMetrics": "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
+    "FlatLogprobs": "vllm.logprobs:FlatLogprobs",
+    "custom_class_proposer": "vllm.v1.spec_decode.custom_class_proposer",
+}
+
+CHECKS: tuple[Check, ...] = (
+    # export_hook wraps it and relies on its compute_logits-per-request loop
+    Check("GPUModelRunner", "params", ("self", "hidden_states", "num_scheduled_tokens"),
+          "_get_prompt_logprobs_dict"),
+    # bind_batch_hook wraps it (the custom_class proposer's only caller)
+    Check("GPUModelRunner", "params", ("self", "scheduler_output", "sampled_token_ids", "sampling_metadata",
+                                       "hidden_states", "sample_hidden_states", "aux_hidden_states",
+                                       "spec_decode_metadata", "common_attn_metadata", "slot_mappings"),
+          "propose_draft_token_ids"),
+    Check("custom_class_proposer", "params", ("vllm_config",), "create_custom_proposer"),
+    Check("SamplingParams", "fields", ("extra_args", "prompt_logprobs", "flat_logprobs", "skip_reading_prefix_cache",
+                                       "detokenize", "output_kind", "structured_outputs", "logprobs", "top_k",
+                                       "top_p", "min_p", "temperature", "logit_bias", "allowed_token_ids",
+                                       "max_tokens")),
+    Check("SamplingParams", "attrs", ("bad_words_token_ids",)),
+    Check("RequestOutputKind", "attrs", ("DELTA", "FINAL_ONLY")),
+    Check("StructuredOutputsParams", "fields", ("grammar",)),  # api/structured.py
+    Check("AsyncEngineArgs", "fields", ("worker_extension_cls", "per_request_spec_decode_metrics",
+                                        "kv_cache_memory_bytes", "speculative_config", "max_logprobs")),
+    Check("AsyncLLM", "attrs", ("from_engine_args", "collective_rpc", "generate", "get_tokenizer", "errored",
+                                "get_num_unfinished_requests", "shutdown")),
+    Check("AsyncLLM", "params", ("self", "method", "timeout", "args", "kwargs"), "collective_rpc"),
+    Check("RequestOutput", "fields", ("prompt_logprobs", "num_cached_tokens", "outputs", "finished")),
+    Check("CompletionOutput", "fields", ("spec_decode_metrics", "token_ids", "logprobs", "finish_reason")),
+    Check("RequestSpecDecodeMetrics", "fields", ("histogram", "num_draft_tokens")),
+    Check("FlatLogprobs", "fields", ("start_indices", "end_indices", "token_ids", "logprobs", "ranks")),
+)
+
+
+def load(location: str) -> Any:
+    """``"module:Name"`` → the object; ``"module"`` → the module."""
+    module, _, name = location.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, name) if name else obj
+
+
+def field_names(cls: Any) -> set[str]:
+    """What a class declares: msgspec Struct fields, dataclass fields, else ``__init__`` parameters."""
+    struct_fields = getattr(cls, "__struct_fields__", None)
+    if struct_fields is not None:
+        return set(struct_fields)
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls.__init__).parameters) - {"self"}
+
+
+def _param_names(func: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(func).parameters)
+
+
+def check_problems(check: Check, cls: Any) -> list[str]:
+    """What ``cls`` lacks for one check (empty: it passes)."""
+    name = check.target
+    if check.kind == "params":
+        func = getattr(cls, check.member, None)
+        if func is None:
+            return [f"{name}.{check.member} no longer exists"]
+        try:
+            actual = _param_names(func)
+        except (TypeError, ValueError) as exc:
+            return [f"{name}.{check.member} has no readable signature ({exc})"]
+        if actual != check.names:
+            return [f"{name}.{check.member}({', '.join(check.names)}) now takes ({', '.join(actual)})"]
+        return []
+    if check.kind == "fields":
+        have = field_names(cls)
+        return [f"{name} has no field {field!r}" for field in check.names if field not in have]
+    return [f"{name} has no attribute {attr!r}" for attr in check.names if not hasattr(cls, attr)]
+
+
+def problems(classes: Mapping[str, Any] | None = None, checks: Iterable[Check] = CHECKS,
+             version: str | None = None) -> list[str]:
+    """Every difference between the installed vLLM and what Cascade relies on (empty: compatible).
+
+    ``classes`` replaces some of the checked objects (tests swap in stand-ins); the others are
+    imported from ``CLASSES``. ``version`` replaces the installed version string."""
+    found: list[str] = []
+    try:
+        check_vllm_version(version)
+    except IncompatibleVllmError as exc:
+        found.append(str(exc))
+    given = dict(classes or {})
+    resolved: dict[str, Any] = {}
+    for check in checks:
+        if check.target not in resolved:
+            if check.target in given:
+                resolved[check.target] = given[check.target]
+            else:
+                try:
+                    resolved[check.target] = load(CLASSES[check.target])
+                except Exception as exc:  # an import that fails is itself the problem to report
+                    resolved[check.target] = None
+                    found.append(f"cannot import {CLASSES[check.target]}: {type(exc).__name__}: {exc}")
+        cls = resolved[check.target]
+        if cls is not None:
+            found.extend(check_problems(check, cls))
+    return found
+
+
+def require_compatible(classes: Mapping[str, Any] | None = None) -> None:
+    """Raise ``IncompatibleVllmError`` listing every problem, or return when there is none."""
+    found = problems(classes)
+    if found:
+        raise IncompatibleVllmError("the installed vLLM differs from what Cascade relies on:\n- "
+                                    + "\n- ".join(found))
