@@ -423,6 +423,9 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
             if stream:
                 with httpx.stream("POST", f"{svc.base_url}/v1/completions", headers=svc.headers, timeout=120,
                                   json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+                    if r.status_code != 200:
+                        results.append({"status": r.status_code, "body": r.read().decode()[:300]})
+                        return
                     lines = [line for line in r.iter_lines() if line.startswith("data: {")]
                 usage = json.loads(lines[-1][6:])["usage"]
                 results.append({"status": r.status_code, "completion_tokens": usage["completion_tokens"]})
