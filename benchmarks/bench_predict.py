@@ -192,7 +192,7 @@ async def measure(engine: Any, main_engine: Any, cases: list[Case], config: str,
                   vocab: Any, repeat: int, max_tokens: int) -> None:
     """Each prompt's no-prediction time is measured again right before its cases (the machine is
     shared: a ratio should compare runs taken minutes, not half an hour, apart)."""
-    from cascade.predict.vllm_proposer import prediction_extra_args
+    from cascade.vllm_compat.request_keys import prediction_extra_args
 
     for p_index in sorted({c.name.split(":")[0] for c in cases}):
         first = next(c for c in cases if c.name.startswith(f"{p_index}:"))
@@ -265,8 +265,8 @@ async def main() -> None:
     args = parser.parse_args()
 
     from cascade.engine.config import EngineRole, engine_kwargs
-    from cascade.predict.vllm_proposer import tokenizer_vocabulary
     from cascade.settings import Settings
+    from cascade.vllm_compat.proposer import tokenizer_vocabulary
 
     settings = Settings()
     main_engine = start_engine(engine_kwargs(settings, EngineRole.MAIN))

@@ -23,8 +23,8 @@ async def main() -> None:
     args = parser.parse_args()
 
     from cascade.engine.config import EngineRole, engine_kwargs
-    from cascade.predict.vllm_proposer import prediction_extra_args
     from cascade.settings import Settings
+    from cascade.vllm_compat.request_keys import prediction_extra_args
 
     settings = Settings()
     engines = {"main": start_engine(engine_kwargs(settings, EngineRole.MAIN)),

@@ -25,8 +25,8 @@ from cascade_client.protocol import (
     ServiceUnavailableError,
     TargetMatch,
 )
+from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats
-from cascade_client.topk_format import TopkDocument
 
 __all__ = [
     "AsyncCascadeClient",

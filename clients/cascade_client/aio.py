@@ -23,8 +23,8 @@ from cascade_client._http import ClientBase, adrive, client_options, json_reply,
 from cascade_client._io import Sink, Source, flush_sink, from_thread, iter_source, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
+from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
-from cascade_client.topk_format import TopkDocument
 
 __all__ = ["AsyncCascadeClient", "AsyncSink", "AsyncSource"]
 

@@ -22,7 +22,7 @@ from cascade_client.client import CascadeClient
 from cascade_client.protocol import CascadeError, CompressStats
 from cascade_client.topk_export import ExportStats, iter_sources
 
-EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # bad usage exits with 2 from argparse
 
 
 class Bars:

@@ -28,8 +28,8 @@ from cascade_client.protocol import (
     Progress,
     StreamCall,
 )
+from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
-from cascade_client.topk_format import TopkDocument
 
 __all__ = ["CascadeClient", "CascadeError", "CompressStats", "DecompressStats", "ExportStats", "KcbsResult",
            "TopkDocument"]

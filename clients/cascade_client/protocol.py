@@ -1,8 +1,8 @@
 """The client's protocol, free of I/O, shared by the sync and the async client.
 
 Everything that decides *what* goes over the wire and *what it means* lives here: request specs,
-the SSE line parser, the decoders that turn codec events into sink bytes and typed results, the
-mapping of error bodies to typed exceptions, and the JSON calls written as generators (they yield
+the decoders that turn codec events (parsed by ``cascade_common.sse``) into sink bytes and typed
+results, the mapping of error bodies to typed exceptions, and the JSON calls written as generators (they yield
 ``RequestSpec`` and receive the decoded JSON reply). The two clients only move bytes, so an
 endpoint added here (e.g. a future ``export_topk``) needs one generator or decoder and a one-line
 method in each client.
@@ -17,7 +17,10 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from cascade_client.topk_format import Header, TopkDocument, TopkFormatError, read_all
+from cascade_common.sse import Event, SSEParser
+from cascade_common.topk_format import Header, TopkFormatError
+
+from cascade_client.topk_document import TopkDocument, read_all
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CHUNK = 1 << 16
@@ -222,56 +225,6 @@ def query_params(params: Mapping[str, Any]) -> dict[str, str | int]:
 # --------------------------------------------------------------------------- SSE
 
 
-@dataclass(frozen=True)
-class Event:
-    name: str
-    data: Any
-
-
-class SSEParser:
-    """Incremental ``text/event-stream`` parser: feed it bytes as they arrive, get completed events.
-
-    Splits on LF only (never on the other characters ``str.splitlines`` treats as line breaks),
-    and handles multi-line ``data``, comments and OpenAI's ``[DONE]``.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._name = "message"
-        self._data: list[str] = []
-
-    def feed(self, chunk: bytes) -> list[Event]:
-        *lines, self._buffer = (self._buffer + chunk).split(b"\n")
-        return [event for line in lines if (event := self._line(line)) is not None]
-
-    def close(self) -> list[Event]:
-        """Whatever the stream ended with, even without its final blank line."""
-        lines, self._buffer = [self._buffer, b""], b""
-        return [event for line in lines if (event := self._line(line)) is not None]
-
-    def _line(self, raw: bytes) -> Event | None:
-        line = raw.rstrip(b"\r").decode("utf-8")
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        key, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if key == "event":
-            self._name = value
-        elif key == "data":
-            self._data.append(value)
-        return None
-
-    def _dispatch(self) -> Event | None:
-        name, data = self._name, "\n".join(self._data)
-        had_data = bool(self._data)
-        self._name, self._data = "message", []
-        if not had_data or data == "[DONE]":
-            return None
-        return Event(name, json.loads(data))
-
-
 class StreamDecoder(Protocol[R_co]):
     """Turns the events of one SSE reply into sink bytes and, at the end, a typed result."""
 
@@ -447,7 +400,7 @@ def export_topk_call(prompt: str | Sequence[int], compression_top_k: int = 100, 
 
     ``sampling`` is the sampling stack the distributions go through (``temperature``, ``top_p``,
     ``top_k``, ``min_p``, ``logit_bias``, ``allowed_token_ids``, ``bad_words``). The reply is the
-    binary layout of ``topk_format``: one document, its first record at token index 1.
+    binary layout of ``cascade_common.topk_format``: one document, its first record at token index 1.
     """
     _, document = yield from export_call(prompt, compression_top_k, model=model, **sampling)
     return document

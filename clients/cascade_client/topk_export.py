@@ -4,24 +4,26 @@ Files are read in line-aligned pieces, tokenised by the server (``/v1/tokenize``
 windows that fit the model (each window after the first starts with ``overlap`` tokens of
 context whose positions are not exported again), and sent as concurrent ``compression`` requests.
 Results are written in corpus order through a bounded window of in-flight requests, so memory
-stays flat however large the corpus is. Layout: ``cascade_client.topk_format``.
+stays flat however large the corpus is. Layout: ``cascade_common.topk_format``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from cascade_common.ordered import ordered
+from cascade_common.topk_format import Header, encode_header
 
 from cascade_client._http import adrive
 from cascade_client._io import Sink, write_sink
 from cascade_client.protocol import CascadeError, Progress, default_model, export_call, tokenize_call
-from cascade_client.topk_format import Header, encode_arrays, encode_header
+from cascade_client.topk_document import encode_arrays
 
 PIECE_BYTES = 1 << 16
 MAX_PIECE_FACTOR = 16
@@ -182,32 +184,22 @@ class TopkExporter:
         stats = ExportStats()
         if not self.model:
             self.model = await adrive(self.http, default_model())
-        pending: deque[asyncio.Task[tuple[Header, bytes]]] = deque()
         wrote_header = False
 
-        async def write_next() -> None:
-            nonlocal wrote_header
-            header, records = await pending.popleft()
-            if not wrote_header:
-                stats.output_bytes += _write(sink, encode_header(header.k, header.vocab_size), None)
-                wrote_header = True
-            stats.output_bytes += _write(sink, records, progress)
-
-        try:
+        async def jobs() -> AsyncIterator[Callable[[], Awaitable[tuple[Header, bytes]]]]:
             async for item in self._windows(sources, stats, progress):
-                pending.append(asyncio.ensure_future(self._export(item)))
                 stats.requests += 1
                 stats.positions += len(item.tokens) - (item.export_from - item.first)
-                if len(pending) >= self.concurrency:
-                    await write_next()
-            while pending:
-                await write_next()
-            if not wrote_header:
-                stats.output_bytes += _write(sink, encode_header(self.compression_top_k, 0), None)
-        finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+                yield functools.partial(self._export, item)
+
+        async with contextlib.aclosing(ordered(jobs(), self.concurrency)) as results:
+            async for header, records in results:
+                if not wrote_header:
+                    stats.output_bytes += _write(sink, encode_header(header.k, header.vocab_size), None)
+                    wrote_header = True
+                stats.output_bytes += _write(sink, records, progress)
+        if not wrote_header:
+            stats.output_bytes += _write(sink, encode_header(self.compression_top_k, 0), None)
         return stats
 
 

@@ -11,8 +11,8 @@ import zlib
 import httpx
 import psutil
 import pytest
-from cascade.api.codec_routes import parse_sse
 from cascade.codec.container import encode_header, parse_container
+from cascade_common.sse import parse
 
 from tests.integration.conftest import MODEL, Service, start_service, stop_service
 
@@ -64,18 +64,18 @@ def test_json_body_sse_stream_and_json_decompress(service: Service) -> None:
         r = client.post("/compress", json={"text": text, "context": "# module utils\n", "precision_bits": 16},
                         headers={"accept": "text/event-stream"})
         assert r.status_code == 200
-        events = parse_sse(r.text)
-        chunks = [e for name, e in events if name == "chunk"]
+        events = parse(r.content)
+        chunks = [e.data for e in events if e.name == "chunk"]
         assert [c["seq"] for c in chunks] == list(range(len(chunks)))
-        done = next(e for name, e in events if name == "done")
+        done = next(e.data for e in events if e.name == "done")
         container = b"".join(base64.b64decode(c["data"]) for c in chunks)
         assert done["bytes_in"] == len(text.encode()) and done["bytes_out"] == len(container)
         assert done["tokens"] > 0 and done["bits_per_token"] > 0
         back = client.post("/decompress", json={"data": base64.b64encode(container).decode()},
                            headers={"accept": "text/event-stream"})
-        events = parse_sse(back.text)
-        assert "".join(e["text"] for name, e in events if name == "text") == text
-        assert next(e for name, e in events if name == "done")["verified"] is True
+        events = parse(back.content)
+        assert "".join(e.data["text"] for e in events if e.name == "text") == text
+        assert next(e.data for e in events if e.name == "done")["verified"] is True
 
 
 def _fix_header_crc(container: bytes, header_len: int) -> bytes:

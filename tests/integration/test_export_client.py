@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cascade_client import AsyncCascadeClient, BadRequestError, CascadeClient, TopkDocument
-from cascade_client.topk_format import read_all
+from cascade_client.topk_document import read_all
 
 from tests.integration.conftest import Service
 from tests.integration.test_client import _cli, _one_error_line

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from cascade_client.topk_format import read_all
+from cascade_client.topk_document import read_all
 
 from tests.integration.conftest import MODEL, REPO, Service, wait_until_idle
 

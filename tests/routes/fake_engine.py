@@ -137,6 +137,7 @@ class FakeEngines:
                 self.aborted += 1
 
     async def export(self, prompt: Sequence[int], request: GenerationRequest, request_id: str) -> list[ExportPosition]:
+        self.requests.append((list(prompt), request))
         k = request.export_top_k or 1
         out = []
         for index in range(1, len(prompt)):

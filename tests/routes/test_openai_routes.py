@@ -3,9 +3,9 @@ disconnects. What the engine computes is tested on real engines in ``tests/integ
 
 from __future__ import annotations
 
-import json
 import math
 import threading
+from typing import Any
 
 import httpx
 import openai
@@ -19,10 +19,11 @@ from tests.routes.fake_engine import REPLY
 MODEL = "pycoder-23m"
 
 
-def _events(response: httpx.Response) -> list[str]:
+def _events(response: httpx.Response) -> list[Any]:
+    """Each event's JSON data; ``[DONE]`` as that string."""
     parser = SSEParser()
     events = [e for chunk in response.iter_bytes() for e in parser.feed(chunk)]
-    return [e.data for e in events]
+    return ["[DONE]" if e.done else e.data for e in events]
 
 
 def _sdk(service: FakeService) -> openai.OpenAI:
@@ -45,7 +46,7 @@ def test_streamed_chat_announces_the_role_once_and_ends_with_usage_and_done(serv
         assert response.status_code == 200
         data = _events(response)
     assert data[-1] == "[DONE]"
-    chunks = [json.loads(d) for d in data[:-1]]
+    chunks = data[:-1]
     roles = [c["choices"][0]["delta"].get("role") for c in chunks if c["choices"]]
     assert roles[0] == "assistant" and roles[1:] == [None] * (len(roles) - 1)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
@@ -90,7 +91,7 @@ def test_engine_death_mid_stream_is_one_error_event_with_its_status_then_done(se
         assert response.status_code == 200
         data = _events(response)
     assert data[-1] == "[DONE]"
-    error = json.loads(data[-2])["error"]
+    error = data[-2]["error"]
     assert error["status"] == 503 and error["code"] == "engine_unavailable"
     assert len(data) == 4  # two deltas, the error, [DONE]
 
@@ -100,14 +101,14 @@ def test_unexpected_failure_mid_stream_is_a_500_event_without_internals(service:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": True}
     with service.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
         data = _events(response)
-    error = json.loads(data[-2])["error"]
+    error = data[-2]["error"]
     assert error["status"] == 500 and "secret" not in error["message"]
 
 
 def test_dropped_stream_aborts_the_engine_request(service: FakeService) -> None:
     engines = service.engines
     engines.delay = 0.02
-    body = {"model": MODEL, "prompt": "x", "max_tokens": 5000, "stream": True}
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1000, "stream": True}
     with service.client() as client, client.stream("POST", "/v1/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
@@ -129,7 +130,7 @@ def test_prediction_usage_is_reported(service: FakeService) -> None:
         prediction={"type": "content", "content": REPLY})
     details = reply.usage.completion_tokens_details  # type: ignore[union-attr]
     assert details is not None and details.accepted_prediction_tokens == 4
-    prompt, request = service.engines.requests[-1]
+    _, request = service.engines.requests[-1]
     assert request.prediction is not None and list(request.prediction.token_ids) == \
         service.engines.tokenizer.encode(REPLY)
 

@@ -21,15 +21,14 @@ import pytest
 import uvicorn
 from cascade_client import AsyncCascadeClient, AuthenticationError, CascadeClient, CascadeConnectionError
 from cascade_client.protocol import (
-    Event,
     IntegrityError,
     ModelMismatchError,
     ServiceUnavailableError,
-    SSEParser,
     error_for,
     error_from_body,
     export_call,
 )
+from cascade_common.sse import Event, SSEParser
 
 EXPANSION = 3  # the fake's reply is larger than its input, like SSE base64 of a poorly compressible file
 
@@ -191,7 +190,7 @@ def test_sse_parser_handles_split_lines_multiline_data_and_comments() -> None:
     stream = b': keep-alive\n\nevent: chunk\ndata: {"seq": 0,\ndata:  "data": "QQ=="}\r\n\r\ndata: [DONE]\n\n'
     parser = SSEParser()
     events = [event for i in range(len(stream)) for event in parser.feed(stream[i:i + 1])]
-    assert events == [Event("chunk", {"seq": 0, "data": "QQ=="})]
+    assert events == [Event("chunk", {"seq": 0, "data": "QQ=="}), Event("message", None, done=True)]
     assert parser.feed(b"event: done\ndata: {}") == [] and parser.close() == [Event("done", {})]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,7 +19,7 @@ from cascade.api.openai_protocol import StrictModel
 from cascade.api.streaming import (
     SSE_HEADERS,
     BodyThenDisconnectResponse,
-    error_payload,
+    guarded,
     sse_event,
     track_end,
     until_disconnect,
@@ -68,11 +67,10 @@ def get_codec(request: Request) -> CodecPipeline:
     return get_gateway(request).codec
 
 
-def _error_event(exc: BaseException) -> bytes:
-    """A failure after the 200 header went out: the streams' error payload, typed ``codec_error``."""
-    payload = error_payload(_as_api_error(exc))
-    payload["error"]["type"] = "codec_error"
-    return sse_event("error", payload)
+def _guarded(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A codec stream: a failure after the 200 header went out ends it with an ``error`` event (the
+    streams' error payload, typed ``codec_error``); there is no ``[DONE]`` (``done`` ends a success)."""
+    return guarded(events, done=False, event="error", type_="codec_error", translate=_as_api_error)
 
 
 def _as_api_error(exc: BaseException) -> APIError:
@@ -224,9 +222,10 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
                 yield sse_event("done", stats.as_dict())
             except Exception as exc:
                 account(exc)
-                yield _error_event(exc)
+                raise
 
-        return BodyThenDisconnectResponse(events(), body_done, media_type="text/event-stream", headers=SSE_HEADERS)
+        return BodyThenDisconnectResponse(_guarded(events()), body_done, media_type="text/event-stream",
+                                          headers=SSE_HEADERS)
 
     async def raw() -> AsyncIterator[bytes]:
         yield header
@@ -295,21 +294,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
             yield sse_event("done", {"segments": segments, "bytes": total, "verified": True})
         except Exception as exc:
             metrics.codec_errors.labels(type(exc).__name__).inc()
-            yield _error_event(exc)
+            raise
 
-    return BodyThenDisconnectResponse(events(), body_done, media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-def parse_sse(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """Parse the codec's SSE stream (used by the client and tests)."""
-    events = []
-    for block in text.split("\n\n"):
-        name, data = "message", None
-        for line in block.splitlines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = line[6:]
-        if data is not None and data != "[DONE]":
-            events.append((name, json.loads(data)))
-    return events
+    return BodyThenDisconnectResponse(_guarded(events()), body_done, media_type="text/event-stream",
+                                      headers=SSE_HEADERS)

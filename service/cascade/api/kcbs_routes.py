@@ -103,7 +103,7 @@ async def kcbs(body: KcbsRequest, request: Request,
     check_model(body.model, settings)
     engines.check_ready()
     if body.prompt is not None:
-        prompt = (await completion_prompts(engines, body.prompt, settings.max_model_len))[0]
+        prompt = (await completion_prompts(engines, body.prompt, settings.max_model_len, settings.max_prompts))[0]
     else:
         assert body.messages is not None
         prompt = await chat_prompt_from_messages(engines, body.messages, settings.max_model_len)

@@ -210,7 +210,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     unsupported_fields(body)
     check_words(body, settings)
     engines.check_ready()
-    prompts = await completion_prompts(engines, body.prompt, settings.max_model_len)
+    prompts = await completion_prompts(engines, body.prompt, settings.max_model_len, settings.max_prompts)
     if body.compression:
         return await export_completion(request, body, prompts, settings, engines, metrics)
     if body.max_tokens == 0:

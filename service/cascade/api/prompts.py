@@ -13,8 +13,6 @@ from cascade.api.openai_protocol import ChatMessage
 from cascade.api.sampling import check_token_ids
 from cascade.engine.manager import EngineManager
 
-MAX_PROMPTS = 64
-
 
 def _prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
     if not ids:
@@ -28,7 +26,8 @@ async def _text_ids(engines: EngineManager, text: str, max_len: int) -> list[int
     return _prompt_ids(await tokenize_text(engines.tokenizer, text), len(engines.tokenizer))
 
 
-async def completion_prompts(engines: EngineManager, value: str | list[Any], max_len: int) -> list[list[int]]:
+async def completion_prompts(engines: EngineManager, value: str | list[Any], max_len: int,
+                             max_prompts: int) -> list[list[int]]:
     """Every accepted prompt form (text, texts, ids, lists of ids) as token id lists; text that cannot
     fit in ``max_len`` tokens is refused before it is tokenised."""
     vocab = len(engines.tokenizer)
@@ -38,8 +37,8 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
         raise APIError(400, "prompt must not be empty", param="prompt")
     if all(isinstance(v, int) for v in value):
         return [_prompt_ids(list(value), vocab)]
-    if len(value) > MAX_PROMPTS:
-        raise APIError(400, f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    if len(value) > max_prompts:
+        raise APIError(400, f"at most {max_prompts} prompts per request (max_prompts)", param="prompt")
     out = []
     for item in value:
         out.append(await _text_ids(engines, item, max_len) if isinstance(item, str)

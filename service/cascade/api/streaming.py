@@ -1,12 +1,13 @@
-"""SSE framing and the two ways a client can leave: a dropped stream or a dropped plain request."""
+"""SSE framing (``cascade_common.sse``), the streams' one error path (``guarded``), and the two ways a
+client can leave: a dropped stream or a dropped plain request."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from cascade_common import sse
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -19,40 +20,55 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def sse_data(payload: Any) -> bytes:
     """One ``data:`` event (OpenAI's streaming framing)."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return sse.data_event(payload)
 
 
 def sse_event(event: str, payload: Any) -> bytes:
     """A named event (the codec and k-CBS streams)."""
-    return f"event: {event}\n".encode() + sse_data(payload)
+    return sse.named_event(event, payload)
 
 
-SSE_DONE = b"data: [DONE]\n\n"
+SSE_DONE = sse.DONE
 
 
-def error_payload(exc: BaseException) -> dict[str, Any]:
+def error_payload(exc: BaseException, *, type_: str | None = None) -> dict[str, Any]:
     """What a stream sends when it fails after the 200 header went out; ``status`` is the one the
-    same failure would have had as a plain reply."""
+    same failure would have had as a plain reply. ``type_`` replaces the status's error type."""
     if (error := as_api_error(exc)) is not None:
-        status, body = error.status, error_body(error.status, error.message, error.param, error.code)
+        status, message, param, code = error.status, error.message, error.param, error.code
     elif is_engine_failure(exc):
-        status, body = 503, error_body(503, "The engine failed while serving this request", code="engine_unavailable")
+        status, message, param, code = 503, "The engine failed while serving this request", None, "engine_unavailable"
     else:
-        status, body = 500, error_body(500, "Internal server error", code="internal_error")
-    body["error"]["status"] = status
-    return body
+        status, message, param, code = 500, "Internal server error", None, "internal_error"
+    body = error_body(status, message, param, code)["error"]  # the message cut and made encodable, the type
+    return sse.error_object(status, body["message"], param=param, code=code, type_=type_ or body["type"])
 
 
-async def guarded(events: AsyncIterator[bytes], *, done: bool = True) -> AsyncIterator[bytes]:
-    """Pass a stream's events through; a failure after the 200 becomes one error event (the one
-    error-event path), and ``done`` ends OpenAI-style streams with ``[DONE]`` either way."""
+def error_event(exc: BaseException, *, event: str | None = None, type_: str | None = None) -> bytes:
+    """``error_payload`` as an event: unnamed (OpenAI-style streams) or named ``event``."""
+    payload = error_payload(exc, type_=type_)
+    return sse_data(payload) if event is None else sse_event(event, payload)
+
+
+async def guarded(events: AsyncIterator[bytes], *, done: bool = True, event: str | None = None,
+                  type_: str | None = None,
+                  translate: Callable[[Exception], BaseException] | None = None) -> AsyncIterator[bytes]:
+    """Pass a stream's events through; a failure (any ``Exception``, never a cancellation) becomes
+    the error event (``error_event``: named ``event``, typed ``type_``, from ``translate(exc)`` when
+    given) and ends the stream. With ``done`` (OpenAI-style streams) the stream always ends with
+    ``data: [DONE]``, after the error event too; named-event streams end with their own event.
+
+    The one place a stream turns a failure after its 200 header into an event."""
     try:
-        async for event in events:
-            yield event
+        async for item in events:
+            yield item
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        yield sse_data(error_payload(exc))
+        yield error_event(translate(exc) if translate is not None else exc, event=event, type_=type_)
+    finally:
+        if isinstance(events, AsyncGenerator):
+            await events.aclose()
     if done:
         yield SSE_DONE
 

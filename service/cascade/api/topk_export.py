@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from cascade_client.topk_format import encode_document, encode_header
+from cascade_common.topk_format import encode_document, encode_header
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 

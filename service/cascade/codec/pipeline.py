@@ -10,15 +10,15 @@ damaged segment never poisons the others.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 import zlib
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from cascade_common.ordered import ordered
 
 from cascade.codec.container import (
     KIND_CODED,
@@ -36,7 +36,6 @@ from cascade.codec.segmenter import Segment, Segmenter
 if TYPE_CHECKING:
     from cascade.codec.exact.runner import ExactRunner
 
-T = TypeVar("T")
 REFERENCE_CONTAINER = Path(__file__).with_name("exact") / "reference.cz"
 SELF_TEST_TEXT = ('import os\n\n\ndef read_config(path):\n    """Read a key=value file into a dict."""\n'
                   "    result = {}\n    with open(path) as handle:\n        for line in handle:\n"
@@ -96,38 +95,6 @@ class CompressStats:
                 "ideal_bits_per_token": self.ideal_bits / self.tokens if self.tokens else 0.0,
                 "compression_ratio": self.bytes_in / self.bytes_out if self.bytes_out else 0.0,
                 "seconds": round(self.seconds, 4)}
-
-
-async def ordered(jobs: AsyncIterator[Callable[[], Awaitable[T]]], window: int) -> AsyncIterator[T]:
-    """Run up to ``window`` jobs at once, yielding results in submission order — each as soon as it and
-    every job before it are done, even while the source is still waiting for input (a streamed upload
-    gets its first records back before it ends)."""
-    pending: deque[asyncio.Future[T]] = deque()
-    next_job: asyncio.Future[Callable[[], Awaitable[T]]] | None = None
-    exhausted = False
-    try:
-        while True:
-            if not exhausted and next_job is None and len(pending) < window:
-                next_job = asyncio.ensure_future(anext(jobs))
-            waiting: set[asyncio.Future[Any]] = {f for f in (next_job, pending[0] if pending else None) if f}
-            if not waiting:
-                return
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if pending and pending[0].done():
-                yield pending.popleft().result()
-            elif next_job is not None and next_job.done():
-                try:
-                    job = next_job.result()
-                except StopAsyncIteration:
-                    exhausted = True
-                else:
-                    pending.append(asyncio.ensure_future(job()))
-                next_job = None
-    finally:
-        leftovers: list[asyncio.Future[Any]] = [*pending, *([next_job] if next_job is not None else [])]
-        for task in leftovers:
-            task.cancel()
-        await asyncio.gather(*leftovers, return_exceptions=True)
 
 
 class CodecPipeline:

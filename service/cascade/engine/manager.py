@@ -20,7 +20,7 @@ from cascade.engine.params import sampling_params, top_logprobs_params, translat
 from cascade.engine.types import Generation, GenerationRequest
 from cascade.export.topk import ExportPosition
 from cascade.settings import Settings
-from cascade.vllm_compat.worker_extension import INSTALL_HOOKS_RPC, LIVE_STATE_RPC, WORKER_EXTENSION, merge_counts
+from cascade.vllm_compat.worker_extension import LIVE_STATE_RPC, WORKER_EXTENSION, install_engine_hooks, merge_counts
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -72,7 +72,7 @@ class EngineManager:
             async def start_one(role: EngineRole) -> None:
                 args = AsyncEngineArgs(**engine_kwargs(self.settings, role), worker_extension_cls=WORKER_EXTENSION)
                 engine = self.engines[role] = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
-                await engine.collective_rpc(INSTALL_HOOKS_RPC, args=(list(ROLE_HOOKS[role]),))
+                await install_engine_hooks(engine, list(ROLE_HOOKS[role]))
                 logger.info("engine started", extra={"role": role.value, "seconds": time.monotonic() - t0})
 
             await asyncio.gather(*(start_one(role) for role in self.roles()))

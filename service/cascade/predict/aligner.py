@@ -2,37 +2,24 @@
 
 Lines are the bytes of one line of text, newline included. Each candidate position in the prediction
 is scored by the LCS similarity of the recent context lines with the prediction lines before it
-(recent lines weigh more). RapidFuzz's LCS is used when installed; ``difflib`` otherwise (same
-answers, slower).
+(recent lines weigh more), computed by RapidFuzz (a pinned dependency).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from difflib import SequenceMatcher
 from typing import Protocol
+
+from rapidfuzz.distance import LCSseq
 
 Line = bytes
 
-try:
-    from rapidfuzz.distance import LCSseq
 
-    def line_similarity(a: Line, b: Line) -> float:
-        """Normalised LCS similarity in [0, 1]."""
-        if a == b:
-            return 1.0
-        return float(LCSseq.normalized_similarity(a, b))
-
-    BACKEND = "rapidfuzz"
-except ImportError:  # pragma: no cover - exercised only without rapidfuzz
-
-    def line_similarity(a: Line, b: Line) -> float:
-        """Normalised similarity in [0, 1] (difflib fallback)."""
-        if a == b:
-            return 1.0
-        return SequenceMatcher(None, a, b, autojunk=False).ratio()
-
-    BACKEND = "difflib"
+def line_similarity(a: Line, b: Line) -> float:
+    """Normalised LCS similarity in [0, 1]."""
+    if a == b:
+        return 1.0
+    return float(LCSseq.normalized_similarity(a, b))
 
 
 class Aligner(Protocol):

@@ -12,7 +12,8 @@ from typing import Any
 
 from cascade.codec.container import parse_container
 from cascade.codec.exact.runner import EncodedSegment
-from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats, ordered
+from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats
+from cascade_common.ordered import ordered
 
 
 class ByteTokenizer:

@@ -15,13 +15,12 @@ from cascade.export.topk import (
     positions_from_prompt_logprobs,
     renormalise,
 )
-from cascade_client.topk_format import (
+from cascade_client.topk_document import iter_documents, read_all
+from cascade_common.topk_format import (
     PAD_ID,
     TopkFormatError,
     encode_document,
     encode_header,
-    iter_documents,
-    read_all,
     read_header,
 )
 from hypothesis import given, settings

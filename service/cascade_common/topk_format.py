@@ -11,22 +11,25 @@ blocks from many requests can be appended to one file as they arrive::
 is the renormalised ("topk-renorm") distribution for the token ``target``, given everything before
 it; ``ids`` are in canonical order (probability descending, id ascending). Positions where fewer
 than ``k`` candidates survive the sampling stack are padded with id ``0xFFFFFFFF`` and ``-inf``.
+
+Standard library only: the server writes documents with ``encode_document``; readers get each
+block's records as bytes (``iter_blocks``), which the client views as arrays
+(``cascade_client.topk_document``).
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import numpy as np
-import numpy.typing as npt
-
 MAGIC = b"CTKX"
 DOC_MAGIC = b"CTKD"
 VERSION = 1
 PAD_ID = 0xFFFFFFFF
+PAD_LOGPROB = float("-inf")
 _HEADER = struct.Struct("<4sHHII")
 _DOC = struct.Struct("<4sH")
 _DOC_TAIL = struct.Struct("<QI")
@@ -45,21 +48,23 @@ class Header:
 
 
 @dataclass(frozen=True)
-class TopkDocument:
-    """One document: ``targets[n]``, ``ids[n, k]`` (uint32) and ``logprobs[n, k]`` (float32)."""
+class DocumentBlock:
+    """One document block as read: ``count`` records of ``record_size(k)`` bytes each in ``records``."""
 
     name: str
     start: int
-    targets: npt.NDArray[np.uint32]
-    ids: npt.NDArray[np.uint32]
-    logprobs: npt.NDArray[np.float32]
-
-    def __len__(self) -> int:
-        return int(self.targets.shape[0])
+    count: int
+    records: bytes
 
 
-def record_dtype(k: int) -> np.dtype[np.void]:
-    return np.dtype([("target", "<u4"), ("ids", "<u4", (k,)), ("logprobs", "<f4", (k,))])
+@functools.lru_cache(maxsize=16)
+def record_struct(k: int) -> struct.Struct:
+    """One record: ``u32 target | u32 ids[k] | f32 logprobs[k]``."""
+    return struct.Struct(f"<I{k}I{k}f")
+
+
+def record_size(k: int) -> int:
+    return 4 + 8 * k
 
 
 def encode_header(k: int, vocab_size: int) -> bytes:
@@ -68,30 +73,26 @@ def encode_header(k: int, vocab_size: int) -> bytes:
     return _HEADER.pack(MAGIC, VERSION, 0, k, vocab_size)
 
 
+def document_head(raw_name: bytes, start: int, count: int) -> bytes:
+    """A document block up to its records (``raw_name`` is the UTF-8 name)."""
+    if len(raw_name) > MAX_NAME:
+        raise ValueError(f"document names are limited to {MAX_NAME} bytes")
+    return _DOC.pack(DOC_MAGIC, len(raw_name)) + raw_name + _DOC_TAIL.pack(start, count)
+
+
 def encode_document(name: str, start: int, k: int, targets: Sequence[int], ids: Sequence[Sequence[int]],
                     logprobs: Sequence[Sequence[float]]) -> bytes:
     """One document block; rows shorter than ``k`` are padded."""
-    raw_name = name.encode("utf-8")
-    if len(raw_name) > MAX_NAME:
-        raise ValueError(f"document names are limited to {MAX_NAME} bytes")
-    records = np.zeros(len(targets), dtype=record_dtype(k))
-    records["ids"] = PAD_ID
-    records["logprobs"] = -np.inf
-    records["target"] = np.asarray(targets, dtype=np.uint32)
-    for row, (row_ids, row_lps) in enumerate(zip(ids, logprobs, strict=True)):
-        records["ids"][row, : len(row_ids)] = row_ids
-        records["logprobs"][row, : len(row_lps)] = row_lps
-    return (_DOC.pack(DOC_MAGIC, len(raw_name)) + raw_name + _DOC_TAIL.pack(start, len(targets))
-            + records.tobytes())
-
-
-def encode_arrays(name: str, start: int, k: int, targets: npt.NDArray[np.uint32], ids: npt.NDArray[np.uint32],
-                  logprobs: npt.NDArray[np.float32]) -> bytes:
-    """A document block from arrays already in the record layout (e.g. a slice of a read document)."""
-    raw_name = name.encode("utf-8")[:MAX_NAME]
-    records = np.empty(len(targets), dtype=record_dtype(k))
-    records["target"], records["ids"], records["logprobs"] = targets, ids, logprobs
-    return _DOC.pack(DOC_MAGIC, len(raw_name)) + raw_name + _DOC_TAIL.pack(start, len(targets)) + records.tobytes()
+    if not len(targets) == len(ids) == len(logprobs):
+        raise ValueError("targets, ids and logprobs must have one row per position")
+    record = record_struct(k)
+    out = bytearray(document_head(name.encode("utf-8"), start, len(targets)))
+    for target, row_ids, row_lps in zip(targets, ids, logprobs, strict=True):
+        if len(row_ids) > k or len(row_lps) > k:
+            raise ValueError(f"a row has more than k={k} candidates")
+        out += record.pack(target, *row_ids, *[PAD_ID] * (k - len(row_ids)),
+                           *row_lps, *[PAD_LOGPROB] * (k - len(row_lps)))
+    return bytes(out)
 
 
 def _read_exact(stream: BinaryIO, n: int, what: str) -> bytes:
@@ -112,9 +113,9 @@ def read_header(stream: BinaryIO) -> Header:
     return Header(k, vocab)
 
 
-def iter_documents(stream: BinaryIO, header: Header, max_positions: int = 1 << 24) -> Iterator[TopkDocument]:
-    """Documents one at a time (memory bounded by one document)."""
-    dtype = record_dtype(header.k)
+def iter_blocks(stream: BinaryIO, header: Header, max_positions: int = 1 << 24) -> Iterator[DocumentBlock]:
+    """Document blocks one at a time (memory bounded by one document), until the stream ends."""
+    size = record_size(header.k)
     while True:
         first = stream.read(_DOC.size)
         if not first:
@@ -128,20 +129,5 @@ def iter_documents(stream: BinaryIO, header: Header, max_positions: int = 1 << 2
         start, count = _DOC_TAIL.unpack(_read_exact(stream, _DOC_TAIL.size, "document header"))
         if count > max_positions:
             raise TopkFormatError(f"document declares {count} positions (limit {max_positions})")
-        records = np.frombuffer(_read_exact(stream, count * dtype.itemsize, "records"), dtype=dtype)
-        yield TopkDocument(name, start, records["target"], records["ids"], records["logprobs"])
+        yield DocumentBlock(name, start, count, _read_exact(stream, count * size, "records"))
 
-
-def read_all(stream: BinaryIO) -> tuple[Header, list[TopkDocument]]:
-    header = read_header(stream)
-    return header, list(iter_documents(stream, header))
-
-
-def strip_header(data: bytes) -> tuple[Header, bytes]:
-    """Split one response body into its header and its document blocks (for appending to a file)."""
-    if len(data) < _HEADER.size:
-        raise TopkFormatError("truncated top-k export: no header")
-    import io
-
-    header = read_header(io.BytesIO(data[: _HEADER.size]))
-    return header, data[_HEADER.size:]

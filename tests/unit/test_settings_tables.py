@@ -1,0 +1,35 @@
+"""``Settings`` is the single source of every limit and of the README's two settings tables."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cascade.cli import config_table, limits_table
+from cascade.settings import LIMITS, Settings
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+NOT_REQUEST_LIMITS = {"max_num_seqs"}  # engine batching, not something a request can inflate
+
+
+def test_every_limit_is_a_setting_and_every_max_setting_is_a_listed_limit() -> None:
+    names = [name for name, _, _ in LIMITS]
+    assert len(names) == len(set(names))
+    assert set(names) <= set(Settings.model_fields)
+    bounded = {name for name in Settings.model_fields
+               if name.startswith("max_") or name.endswith("_timeout_seconds")} - NOT_REQUEST_LIMITS
+    assert bounded <= set(names), f"limits missing from settings.LIMITS: {sorted(bounded - set(names))}"
+
+
+@pytest.mark.parametrize("table", [config_table, limits_table])
+def test_readme_tables_are_the_generated_ones(table: Callable[[], int]) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        table()
+    readme = README.read_text()
+    stale = [line for line in out.getvalue().splitlines() if line not in readme]
+    flag = " --limits" if table is limits_table else ""
+    assert not stale, f"README is out of date; regenerate with `cascade config-table{flag}`: {stale}"
