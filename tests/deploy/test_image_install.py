@@ -64,8 +64,10 @@ def test_cpu_image_install_steps_give_a_working_service(tmp_path: Path) -> None:
     assert {p.name for p in app.iterdir()} >= {"pyproject.toml", "service", "clients", "models", "deploy"}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    # Not tests/conftest.py's PYTHONPATH (this checkout's sources): the installed package must serve alone.
+    outside = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     installed = subprocess.run(["sh", "deploy/install.sh"], cwd=app, capture_output=True, text=True, timeout=1100,
-                               env={**os.environ, "CASCADE_FLAVOUR": "cpu", "PYTHON": str(python),
+                               env={**outside, "CASCADE_FLAVOUR": "cpu", "PYTHON": str(python),
                                     "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     assert installed.returncode == 0, installed.stderr[-3000:]
     assert "cascade installed on vLLM 0.32.0" in installed.stdout
@@ -78,7 +80,7 @@ def test_cpu_image_install_steps_give_a_working_service(tmp_path: Path) -> None:
     port = free_port()
     image_env = _image_env("deploy/Dockerfile.cpu", app, tmp_path / "root")
     assert Path(image_env["CASCADE_MODEL"]).is_dir()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CASCADE_")}, **image_env,
+    env = {**{k: v for k, v in outside.items() if not k.startswith("CASCADE_")}, **image_env,
            "CASCADE_HOST": "127.0.0.1", "CASCADE_PORT": str(port), "CASCADE_ENABLE_PREDICTIONS": "false",
            "CASCADE_ENABLE_CODEC": "false"}
     server = subprocess.Popen([str(venv / "bin" / "cascade"), "serve"], cwd=app, env=env,

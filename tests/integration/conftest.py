@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-123"
 MODEL = "pycoder-23m"
@@ -114,3 +117,51 @@ def wait_until_idle(service: Service, timeout: float = 30) -> float:
         time.sleep(0.2)
         count = unfinished_engine_requests(service)
     return count
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1,
+             detail: Callable[[], object] | None = None) -> T:
+    """Poll ``predicate`` every ``interval`` seconds until it returns something truthy, and return that.
+    After ``timeout`` seconds fail the test naming ``what`` (and ``detail()``, or the last value seen).
+    Tests wait on conditions this way, never with a bare ``sleep``: how fast this CPU is must not matter."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            seen = detail() if detail is not None else value
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what} (last seen: {seen!r})")
+        time.sleep(interval)
+
+
+async def wait_for_async(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1,
+                         detail: Callable[[], object] | None = None) -> T:
+    """``wait_for`` from inside an event loop: the (blocking) predicate runs in a thread, so the loop's
+    own requests keep going while it polls."""
+    return await asyncio.to_thread(wait_for, predicate, timeout, what, interval, detail)
+
+
+def live_state(service: Service) -> dict[str, Any]:
+    """``GET /ops/live-state``: per-engine live request state and the gateway's counters."""
+    r = httpx.get(f"{service.base_url}/ops/live-state", headers=service.headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def engine_aborts(service: Service) -> int:
+    """How many engine requests the gateway has aborted since it started (clients that left early)."""
+    return int(live_state(service)["gateway"]["engine_aborts"])
+
+
+def wait_for_aborts(service: Service, before: int, dropped: int, timeout: float = 120) -> None:
+    """Wait until the gateway counted ``dropped`` more engine aborts than ``before`` and no engine holds
+    a request, then check it counted exactly that many. A dropped request that finished on its own
+    instead adds no abort, so it fails here."""
+    def done() -> bool:
+        return engine_aborts(service) - before >= dropped and unfinished_engine_requests(service) == 0
+
+    wait_for(done, timeout, f"{dropped} engine abort(s) and an idle engine after the client(s) left",
+             detail=lambda: {"aborts_added": engine_aborts(service) - before,
+                             "unfinished": unfinished_engine_requests(service)})
+    assert engine_aborts(service) - before == dropped, "more engine requests were aborted than clients left"

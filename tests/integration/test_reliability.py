@@ -3,11 +3,13 @@ and a hostile-input fuzz of ``/decompress`` on the live service."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import random
 import signal
+import socket
 import struct
 import threading
 import time
@@ -21,7 +23,17 @@ import psutil
 import pytest
 from cascade.codec.container import encode_header, parse_container, varint
 
-from tests.integration.conftest import MODEL, Service, start_service, stop_service, wait_until_idle
+from tests.integration.conftest import (
+    MODEL,
+    Service,
+    live_state,
+    start_service,
+    stop_service,
+    unfinished_engine_requests,
+    wait_for,
+    wait_for_async,
+    wait_until_idle,
+)
 
 PREDICTION = "".join(f"def handler_{i}(event):\n    return {{'id': {i}, 'ok': True}}\n\n" for i in range(40))
 CODE = "".join(f"def function_{i}(alpha, beta):\n    total = alpha * {i} + beta\n    return total - {i}\n\n"
@@ -33,12 +45,6 @@ LIVE_KINDS = ("runner_requests", "batch_rows", "prediction_states", "prediction_
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def live_state(service: Service) -> dict[str, Any]:
-    r = httpx.get(f"{service.base_url}/ops/live-state", headers=service.headers, timeout=30)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
 def live_total(state: dict[str, Any]) -> int:
     counts = [v for engine in state["engines"].values() for k, v in engine.items() if k in LIVE_KINDS]
     assert all(c >= 0 for c in counts), f"a counter could not be read: {state}"
@@ -46,12 +52,15 @@ def live_total(state: dict[str, Any]) -> int:
 
 
 def wait_live_zero(service: Service, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    state = live_state(service)
-    while live_total(state) and time.monotonic() < deadline:
-        time.sleep(0.3)
-        state = live_state(service)
-    return state
+    """Poll until no live state is left anywhere; returns that state (fails the test after ``timeout``)."""
+    last: list[dict[str, Any]] = []
+
+    def zero() -> dict[str, Any] | None:
+        last[:] = [live_state(service)]
+        return last[0] if live_total(last[0]) == 0 else None
+
+    return wait_for(zero, timeout, "no live state in any engine or the gateway", interval=0.3,
+                    detail=lambda: last[0] if last else None)
 
 
 def engine_core_processes(pid: int) -> list[psutil.Process]:
@@ -66,14 +75,20 @@ def engine_core_processes(pid: int) -> list[psutil.Process]:
     return found
 
 
-def _poll_max(read: Any, timeout: float = 5.0) -> int:
-    """The largest value ``read()`` gives within ``timeout`` (stops at the first non-zero one)."""
-    deadline = time.monotonic() + timeout
-    value = int(read())
-    while not value and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = int(read())
-    return value
+def _first_nonzero(read: Any, what: str, timeout: float = 60) -> int:
+    """The first non-zero value ``read()`` gives (fails the test naming ``what`` after ``timeout``)."""
+    return int(wait_for(lambda: int(read()), timeout, what))
+
+
+def _refuses_connections(port: int) -> bool:
+    """True once nothing listens on ``port`` any more."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _read_some(lines: Iterator[str], count: int) -> list[str]:
@@ -114,14 +129,16 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
                 lines = r.iter_lines()
                 assert any(line.startswith("data: {") for line in _read_some(lines, 4))
                 if i == 0:  # the counters see live state while a request runs
-                    seen_inside["prediction_states"] = _poll_max(
-                        lambda: live_state(service)["engines"]["predict"]["prediction_states"])
+                    seen_inside["prediction_states"] = _first_nonzero(
+                        lambda: live_state(service)["engines"]["predict"]["prediction_states"],
+                        "the proposer's prediction state while the chat stream runs")
             with client.stream("POST", "/compress", json=compress_body, headers=sse) as r:
                 assert r.status_code == 200
                 lines = r.iter_lines()
                 assert _read_some(lines, 2)[0] == "event: chunk"
                 if i == 0:
-                    seen_inside["codec_jobs"] = _poll_max(lambda: live_state(service)["gateway"]["codec_jobs"])
+                    seen_inside["codec_jobs"] = _first_nonzero(lambda: live_state(service)["gateway"]["codec_jobs"],
+                                                               "a codec job while /compress streams")
             with client.stream("POST", "/decompress", content=container,
                                headers={**sse, "content-type": "application/octet-stream"}) as r:
                 assert r.status_code == 200
@@ -132,13 +149,21 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
                 lines = r.iter_lines()
                 assert _read_some(lines, 1)[0].startswith("data: {")
                 if i == 0:
-                    seen_inside["kcbs_searches"] = _poll_max(lambda: live_state(service)["gateway"]["kcbs_searches"])
-    # Plain (non-streaming) requests whose client gives up are aborted too.
+                    seen_inside["kcbs_searches"] = _first_nonzero(
+                        lambda: live_state(service)["gateway"]["kcbs_searches"], "a k-CBS search while it streams")
+    # Plain (non-streaming) requests whose client gives up while the engine runs them are aborted too.
+    async def give_up(path: str, body: dict[str, Any]) -> None:
+        async with httpx.AsyncClient(base_url=service.base_url, headers=service.headers, timeout=300) as client:
+            task = asyncio.create_task(client.post(path, json=body))
+            await wait_for_async(lambda: unfinished_engine_requests(service) > 0, 60,
+                                 f"the plain {path} request running in an engine")
+            assert not task.done(), f"{path} finished before its client gave up: {task.result().text[:300]}"
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     for path, body in (("/v1/chat/completions", {**chat, "stream": False}),
                        ("/v1/kcbs", {**kcbs, "stream": False})):
-        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=service.base_url, headers=service.headers,
-                                                            timeout=httpx.Timeout(30, read=1.5)) as client:
-            client.post(path, json=body)
+        asyncio.run(give_up(path, body))
     assert seen_inside.keys() == {"prediction_states", "codec_jobs", "kcbs_searches"}, seen_inside
     assert seen_inside["prediction_states"] == seen_inside["kcbs_searches"] == 1, seen_inside
     assert seen_inside["codec_jobs"] >= 1, seen_inside
@@ -287,7 +312,8 @@ def test_engine_death_fails_inflight_with_503_and_exits_non_zero(tmp_path_factor
     try:
         cores = engine_core_processes(svc.process.pid)
         assert len(cores) == 1, [c.cmdline() for c in psutil.Process(svc.process.pid).children(recursive=True)]
-        body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 900, "ignore_eos": True, "temperature": 1.0}
+        # As long as the context allows: none of them can finish before the engine is killed.
+        body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 1000, "ignore_eos": True, "temperature": 1.0}
 
         def plain() -> None:
             try:
@@ -300,14 +326,20 @@ def test_engine_death_fails_inflight_with_503_and_exits_non_zero(tmp_path_factor
             try:
                 with httpx.stream("POST", f"{svc.base_url}/v1/completions", json={**body, "stream": True},
                                   headers=svc.headers, timeout=120) as r:
-                    streamed.extend(line for line in r.iter_lines() if line)
+                    for line in r.iter_lines():
+                        if line:
+                            streamed.append(line)
             except httpx.HTTPError as exc:
                 streamed.append(f"transport error: {exc}")
 
         threads = [threading.Thread(target=plain) for _ in range(3)] + [threading.Thread(target=stream)]
         for t in threads:
             t.start()
-        time.sleep(2.0)
+        wait_for(lambda: unfinished_engine_requests(svc) >= len(threads)
+                 and any(line.startswith("data: {") for line in streamed), 120,
+                 "all four requests running in the engine and the stream's first tokens out",
+                 detail=lambda: (unfinished_engine_requests(svc), streamed[:2]))
+        assert not results and not any("[DONE]" in line for line in streamed), "a request ended before the kill"
         os.kill(cores[0].pid, signal.SIGKILL)
         for t in threads:
             t.join(timeout=90)
@@ -348,19 +380,27 @@ def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]
 def test_overload_answers_429_with_retry_after_instead_of_hanging(tight_service: Service) -> None:
     svc = tight_service
     body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 300, "ignore_eos": True}
+    started: list[int] = []  # a status as each stream's headers arrive: admitted and generating
     done: list[int] = []
 
     def slow() -> None:
-        done.append(httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers,
-                               timeout=120).status_code)
+        with httpx.stream("POST", f"{svc.base_url}/v1/completions", json={**body, "stream": True},
+                          headers=svc.headers, timeout=120) as r:
+            started.append(r.status_code)
+            for _ in r.iter_lines():
+                pass
+        done.append(r.status_code)
 
     threads = [threading.Thread(target=slow) for _ in range(3)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
-    started = time.monotonic()
+    # Watched from the client side only: every request the service gets, /metrics and /health included,
+    # holds one of its three in-flight slots while it is served.
+    wait_for(lambda: len(started) == 3, 60, "the three requests admitted and streaming", detail=lambda: started)
+    assert started == [200, 200, 200], started
     r = httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers, timeout=30)
-    assert time.monotonic() - started < 2
+    # Refused at once, not after waiting for a slot: the slot holders are still running when it comes back.
+    assert len(done) < 3, f"the fourth request was answered only after the first three finished: {done}"
     assert r.status_code == 429, r.text
     assert r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "overloaded" and r.json()["error"]["type"] == "rate_limit_error"
@@ -382,7 +422,7 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
     svc = tight_service
     cores = engine_core_processes(svc.process.pid)
     assert cores
-    body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 250, "ignore_eos": True, "temperature": 1.0}
+    body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 300, "ignore_eos": True, "temperature": 1.0}
     results: list[dict[str, Any] | str] = []
 
     def one(stream: bool) -> None:
@@ -390,6 +430,9 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
             if stream:
                 with httpx.stream("POST", f"{svc.base_url}/v1/completions", headers=svc.headers, timeout=120,
                                   json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+                    if r.status_code != 200:
+                        results.append({"status": r.status_code, "body": r.read().decode()[:300]})
+                        return
                     lines = [line for line in r.iter_lines() if line.startswith("data: {")]
                 usage = json.loads(lines[-1][6:])["usage"]
                 results.append({"status": r.status_code, "completion_tokens": usage["completion_tokens"]})
@@ -399,21 +442,25 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
         except Exception as exc:
             results.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=one, args=(False,)), threading.Thread(target=one, args=(False,)),
-               threading.Thread(target=one, args=(True,))]
+    # One plain, one streamed: the third of the service's three in-flight slots is for the polls below.
+    threads = [threading.Thread(target=one, args=(False,)), threading.Thread(target=one, args=(True,))]
     for t in threads:
         t.start()
-    time.sleep(1.0)
-    assert wait_until_idle(svc, timeout=0) > 0, "requests must be in flight when SIGTERM arrives"
+    wait_for(lambda: unfinished_engine_requests(svc) == len(threads), 60,
+             "both requests running in the engine before SIGTERM",
+             detail=lambda: (unfinished_engine_requests(svc), results))
+    assert not results, f"requests must be in flight when SIGTERM arrives: {results}"
     sent = time.monotonic()
     svc.process.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    port = int(svc.base_url.rsplit(":", 1)[1])
+    wait_for(lambda: _refuses_connections(port), 30, "the listening socket to close after SIGTERM")
+    assert len(results) < len(threads), f"the socket closed only after the in-flight requests ended: {results}"
     with pytest.raises(httpx.TransportError):  # the listening socket is closed: new work is refused
         httpx.post(f"{svc.base_url}/v1/completions", json={**body, "max_tokens": 2}, headers=svc.headers, timeout=5)
     for t in threads:
         t.join(timeout=120)
     code = svc.process.wait(timeout=120)
-    assert results == [{"status": 200, "completion_tokens": 250}] * 3, results
+    assert results == [{"status": 200, "completion_tokens": 300}] * len(threads), results
     assert code == 0
     assert time.monotonic() - sent < 60
     _, alive = psutil.wait_procs(cores, timeout=30)
