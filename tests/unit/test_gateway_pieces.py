@@ -37,3 +37,33 @@ def test_engine_ids_are_server_unique_whatever_the_client_sends(value: str | Non
         assert echo_a == echo_b == value
     else:
         assert (echo_a, echo_b) == (internal_a, internal_b)
+
+
+def test_probes_and_scrapes_never_take_a_request_slot() -> None:
+    """With one slot, a scrape still waiting for its answer must not make a real request a 429."""
+    import asyncio
+    from typing import Any
+
+    import httpx
+    from cascade.api.middleware import GatewayMiddleware
+    from cascade.metrics import Metrics
+
+    async def run() -> tuple[int, int]:
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["path"] == "/metrics":
+                entered.set()
+                await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        gateway = GatewayMiddleware(app, Settings(max_concurrent_requests=1), Metrics())
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://t") as client:
+            scrape = asyncio.create_task(client.get("/metrics"))
+            await entered.wait()
+            served = await client.get("/v1/models")
+            release.set()
+            return served.status_code, (await scrape).status_code
+
+    assert asyncio.run(run()) == (200, 200)

@@ -198,8 +198,9 @@ class GatewayMiddleware:
                 return
             body = BodyReader(receive, limit, self.settings.body_timeout_seconds, self.settings.body_min_rate_bytes)
             deadline = self.settings.request_timeout_seconds if path.startswith("/v1/") else None
-            self.inflight += 1
-            self.metrics.inflight.inc()
+            slot = 1 if admitted else 0  # probes and scrapes never take a slot a request could need
+            self.inflight += slot
+            self.metrics.inflight.inc(slot)
             try:
                 timer = asyncio.timeout(deadline)
                 try:
@@ -216,8 +217,8 @@ class GatewayMiddleware:
                 if body.refused is not None and not status_holder["started"]:
                     await self._reply(send_wrapper, *body.refused)
             finally:
-                self.inflight -= 1
-                self.metrics.inflight.dec()
+                self.inflight -= slot
+                self.metrics.inflight.dec(slot)
         finally:
             elapsed = time.monotonic() - started
             status = status_holder["status"]
