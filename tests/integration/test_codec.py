@@ -216,7 +216,10 @@ def test_containers_are_portable_between_services_with_different_numerics(
     thread count and bfloat16 engines writes the same containers and opens the first one's, both ways."""
     other = start_service(tmp_path_factory.mktemp("numerics"),
                           ["--no-enable-predictions", "--dtype", "bfloat16", "--codec-threads", "1"],
-                          env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"})
+                          # AVX2 ATen kernels (this host defaults to AVX-512): under ATEN_CPU_CAPABILITY=default
+                          # torch inductor cannot build vLLM's compiled logprob ranking, so every logprobs
+                          # request (and the start-up export probe) would kill the engine.
+                          env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "avx2"})
     try:
         for name, text in CROSS_TEXTS.items():
             data = text.encode()

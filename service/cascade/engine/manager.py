@@ -49,7 +49,7 @@ class EngineManager:
     aborted: int = 0
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _tokenizer: Any = None
-    _probing: bool = False
+    _probe_task: asyncio.Task[Any] | None = None
 
     def roles(self) -> list[EngineRole]:
         """The engine roles this configuration runs."""
@@ -106,11 +106,13 @@ class EngineManager:
 
     def check_ready(self) -> None:
         """``EngineNotReadyError`` unless every engine is up."""
-        if not self.ready and not self._probing:
+        if not self.ready:
             raise EngineNotReadyError(self.not_ready_reason())
 
     def _engine(self, role: EngineRole) -> AsyncLLM:
-        self.check_ready()
+        """The role's engine; before ``ready`` only the start-up probes (run by ``start``'s task) get it."""
+        if self._probe_task is None or asyncio.current_task() is not self._probe_task:
+            self.check_ready()
         return self.engines[role]
 
     @property
@@ -206,11 +208,15 @@ async def probe_hooks(engines: EngineManager) -> None:
     from cascade.engine.types import Prediction
     from cascade.vllm_compat.version import IncompatibleVllmError
 
-    engines._probing = True
+    engines._probe_task = asyncio.current_task()
     try:
         prompt = list(engines.tokenizer.encode("def add(a, b):\n    return a + b\n", add_special_tokens=False))
-        positions = await engines.export(prompt, GenerationRequest(max_tokens=1, top_k=2, export_top_k=4),
-                                         "cascade-probe-export")
+        try:
+            positions = await engines.export(prompt, GenerationRequest(max_tokens=1, top_k=2, export_top_k=4),
+                                             "cascade-probe-export")
+        except Exception as exc:
+            raise IncompatibleVllmError(f"the start-up probe of the top-k export (prompt log-probabilities through "
+                                        f"the export hook) failed: {type(exc).__name__}: {exc}") from exc
         if not positions or any(len(p.ids) > 2 for p in positions):
             raise IncompatibleVllmError("the top-k export hook did not process the prompt logits (a top_k=2 export "
                                         "returned more than 2 candidates): vLLM's prompt-logprobs path changed")
@@ -230,4 +236,4 @@ async def probe_hooks(engines: EngineManager) -> None:
                                             "prediction: the bind-batch hook or vLLM's custom_class proposer API "
                                             "changed")
     finally:
-        engines._probing = False
+        engines._probe_task = None
