@@ -112,7 +112,7 @@ def test_half_duplex_would_deadlock_on_large_inputs(fake_server: str) -> None:
     """Why the duplex transport exists: plain httpx sends all of the body before reading."""
     async def run() -> None:
         async with AsyncCascadeClient(fake_server, duplex=False) as client:
-            await asyncio.wait_for(client.compress_to(io.BytesIO(), io.BytesIO(BIG)), 5)
+            await asyncio.wait_for(client.compress_to(io.BytesIO(), io.BytesIO(BIG)), 2)
 
     with pytest.raises(TimeoutError):
         asyncio.run(run())
