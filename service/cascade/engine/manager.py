@@ -66,7 +66,7 @@ class EngineManager:
         t0 = time.monotonic()
         try:
             check_vllm_version()
-            require_compatible()
+            await asyncio.to_thread(require_compatible)  # imports vLLM's model runner: off the event loop
             self.fingerprint = await asyncio.to_thread(model_fingerprint, self.settings.model)
 
             async def start_one(role: EngineRole) -> None:
