@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -177,19 +177,31 @@ class ExactRunner:
 
     def _encode_batch(self) -> None:
         jobs = self._take_encodes()
+
+        def encode() -> None:
+            for job, result in zip(jobs, self._encode(jobs), strict=True):
+                job.future.set_result(result)
+
+        self._run_jobs(jobs, encode)
+
+    def _run_jobs(self, jobs: Sequence[_EncodeJob | _DecodeJob], work: Callable[[], None]) -> None:
+        """Run ``work`` on taken jobs (it answers them): a failure fails every job not yet answered,
+        a job still unanswered afterwards was cancelled, and the live-job count covers the run."""
         if not jobs:
             return
         self._started(jobs, 1)
         try:
-            results = self._encode(jobs)
+            work()
         except Exception as exc:
             for job in jobs:
-                job.future.set_exception(exc)
+                if not job.future.done():
+                    job.future.set_exception(exc)
             raise
         finally:
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(RunnerClosedError("the request was cancelled"))
             self._started(jobs, -1)
-        for job, result in zip(jobs, results, strict=True):
-            job.future.set_result(result)
 
     def _encode(self, jobs: list[_EncodeJob]) -> list[EncodedSegment]:
         """Every lane of every job through packed prefill passes of at most ``prefill_tokens`` tokens."""
@@ -261,21 +273,7 @@ class ExactRunner:
 
     def _decode_cohort(self) -> None:
         jobs = self._take_decodes()
-        if not jobs:
-            return
-        self._started(jobs, 1)
-        try:
-            self._decode(jobs)
-        except Exception as exc:
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            raise
-        finally:
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(RunnerClosedError("the request was cancelled"))
-            self._started(jobs, -1)
+        self._run_jobs(jobs, lambda: self._decode(jobs))
 
     def _decode(self, jobs: list[_DecodeJob]) -> None:
         model = self.model
