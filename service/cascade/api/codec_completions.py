@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from cascade.api.completion_render import choice_body, envelope, usage
+from cascade.api.completion_render import choice_body, envelope, stream_flags, usage
 from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CodecField, CompletionRequest
@@ -44,9 +44,7 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     vocab = codec.vocab_size
     if codec_field.top_k >= vocab:
         raise APIError(400, f"codec.top_k must be below the vocabulary size {vocab}", param="codec.top_k")
-    stream = body.stream
-    include_usage = bool(stream and body.stream_options and (body.stream_options.include_usage
-                                                              or body.stream_options.continuous_usage_stats))
+    stream, include_usage = stream_flags(body)
     if codec_field.mode == "encode":
         if codec_field.data is not None:
             raise APIError(400, "codec.data is only for mode 'decode'", param="codec.data")

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cascade.api.openai_protocol import SamplingFields
 from cascade.api.predictions import PredictionUsage
 from cascade.engine.types import CompletionDelta, TokenLogprobs
 
@@ -95,3 +96,16 @@ def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | No
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish_reason}
+
+
+def continuous_usage(request: SamplingFields) -> bool:
+    """``stream_options.continuous_usage_stats`` (vLLM's extension): every chunk carries the usage
+    so far, and the final usage chunk follows as with ``include_usage``."""
+    options = request.stream_options
+    return bool(request.stream and options and options.continuous_usage_stats)
+
+
+def stream_flags(request: SamplingFields) -> tuple[bool, bool]:
+    options = request.stream_options
+    include_usage = bool(request.stream and options and (options.include_usage or options.continuous_usage_stats))
+    return request.stream, include_usage

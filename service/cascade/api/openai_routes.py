@@ -13,12 +13,22 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.codec_completions import codec_completion
-from cascade.api.completion_render import Choice, Kind, choice_body, envelope, logprob_entries, render_logprobs, usage
+from cascade.api.completion_render import (
+    Choice,
+    Kind,
+    choice_body,
+    continuous_usage,
+    envelope,
+    logprob_entries,
+    render_logprobs,
+    stream_flags,
+    usage,
+)
 from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_words
 from cascade.api.input_bounds import tokenize as tokenize_text
-from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
+from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from cascade.api.predictions import PredictionUsage, predicted
 from cascade.api.prompts import chat_prompt_from_messages, completion_prompts
 from cascade.api.sampling import check_model, generation_request, resolve_max_tokens, unsupported_fields
@@ -158,19 +168,6 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
         yield sse_data(chunk)
 
 
-def _continuous_usage(request: SamplingFields) -> bool:
-    """``stream_options.continuous_usage_stats`` (vLLM's extension): every chunk carries the usage
-    so far, and the final usage chunk follows as with ``include_usage``."""
-    options = request.stream_options
-    return bool(request.stream and options and options.continuous_usage_stats)
-
-
-def _stream_flags(request: SamplingFields) -> tuple[bool, bool]:
-    options = request.stream_options
-    include_usage = bool(request.stream and options and (options.include_usage or options.continuous_usage_stats))
-    return request.stream, include_usage
-
-
 def _model_card(settings: Settings, engines: EngineManager) -> dict[str, Any]:
     return {"id": settings.model_name, "object": "model", "created": int(engines.started_at), "owned_by": "cascade",
             "max_model_len": settings.max_model_len}
@@ -216,7 +213,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     if body.max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
     max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)
-    stream, include_usage = _stream_flags(body)
+    stream, include_usage = stream_flags(body)
     prediction = await predicted(body, engines, settings)
     if prediction is not None and len(prompts) > 1:
         raise APIError(400, "prediction is supported with a single prompt only", param="prompt")
@@ -234,7 +231,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                                   vocab_size=vocab, stream=stream, prediction=prediction)
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
-                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=_continuous_usage(body))
+                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body))
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -253,11 +250,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-    stream, include_usage = _stream_flags(body)
+    stream, include_usage = stream_flags(body)
     prediction = await predicted(body, engines, settings)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=top, settings=settings,
                                   vocab_size=len(engines.tokenizer), stream=stream, prediction=prediction,
                                   grammar=response_grammar(body))
     plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
-                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=_continuous_usage(body))
+                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body))
     return await _respond(request, plan, settings, engines, metrics)
