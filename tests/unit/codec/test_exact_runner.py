@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 
+import cascade.codec.exact.runner as runner_module
 import pytest
-from cascade.codec.exact.runner import ExactRunner
-from cascade.codec.lanes import lane_lengths, split_lanes
+from cascade.codec.exact.runner import ExactRunner, SegmentTooLargeError
+from cascade.codec.lanes import LaneDecoder, lane_lengths, split_lanes
 
-from tests.unit.codec.exact_fixtures import TINY, tiny_model
+from tests.unit.codec.exact_fixtures import tiny_model
 
-VOCAB = TINY["vocab_size"]
+VOCAB = tiny_model().config.vocab_size
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -96,3 +98,195 @@ def test_a_closed_runner_refuses_new_jobs() -> None:
     runner.close()
     with pytest.raises(RuntimeError, match="shut down"):
         asyncio.run(runner.encode([1], [[2, 3]], 8, 16))
+
+
+# -- scheduling and admission (steps are counted, never timed) -------------------------------------
+
+def _fast(**kwargs: int) -> ExactRunner:
+    """One matrix thread: the tiny model's steps are far faster without OpenMP hand-offs."""
+    return ExactRunner(tiny_model(), VOCAB, threads=1, **kwargs)
+
+
+async def _until(predicate: Callable[[], bool], polls: int = 2000) -> None:
+    for _ in range(polls):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the runner never reached the expected state")
+
+
+def _events(runner: ExactRunner, kind: str, request: object) -> list[tuple[int, int]]:
+    return [(queued, step) for k, key, queued, step in list(runner.stats.events) if k == kind and key is request]
+
+
+def _segments(count: int, lanes: int, lane: int, seed: int = 0) -> list[list[int]]:
+    return [_tokens(seed + i, lanes * lane) for i in range(count)]
+
+
+async def _encode_all(runner: ExactRunner, segments: list[list[int]], lane: int) -> list[bytes]:
+    return [(await runner.encode([1], split_lanes(tokens, lane), 8, 32)).payload for tokens in segments]
+
+
+def test_a_segment_arriving_mid_flight_joins_the_running_cohort_and_decodes_as_alone() -> None:
+    runner = _fast(max_rows=8)
+    segments = _segments(3, 2, 30, seed=40)
+
+    async def main() -> None:
+        payloads = await _encode_all(runner, segments, 30)
+        first, later = object(), object()
+        running = asyncio.ensure_future(runner.decode([1], [30, 30], payloads[0], 8, 32, request=first))
+        await _until(lambda: bool(_events(runner, "decode-start", first)) and runner.stats.steps > 5)
+        joined = await asyncio.gather(*(runner.decode([1], [30, 30], p, 8, 32, request=later) for p in payloads[1:]))
+        assert [[t for x in back for t in x] for back in [await running, *joined]] == segments
+        (_, first_done), = _events(runner, "decode-done", first)
+        assert all(start < first_done for _, start in _events(runner, "decode-start", later))
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.close()
+
+
+def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_large_request_runs() -> None:
+    lane = 40
+    runner = _fast(max_rows=4)
+    large_segments = _segments(8, 2, lane, seed=50)
+    small_segment = _tokens(99, 2 * lane)
+
+    async def main() -> None:
+        payloads = await _encode_all(runner, [*large_segments, small_segment], lane)
+        large, small = object(), object()
+        flood = [asyncio.ensure_future(runner.decode([1], [lane, lane], p, 8, 32, request=large))
+                 for p in payloads[:-1]]
+        await _until(lambda: runner.stats.steps > 3 and len(_events(runner, "decode-start", large)) >= 2)
+        back = await runner.decode([1], [lane, lane], payloads[-1], 8, 32, request=small)
+        assert [t for x in back for t in x] == small_segment
+        (queued, started), = _events(runner, "decode-start", small)
+        assert started - queued <= lane + 1  # the module's bound: P + 1 steps, P = the longest lane left
+        assert [[t for x in await f for t in x] for f in flood] == large_segments
+        later = [start for _, start in _events(runner, "decode-start", large) if start >= started]
+        assert len(later) >= 5  # served ahead of most of the large request's queued segments
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.close()
+
+
+def test_a_new_requests_compression_interleaves_with_a_large_upload_within_the_bound() -> None:
+    lane = 20
+    runner = _fast(prefill_tokens=3 * (lane + 1))
+    large_segments = _segments(6, 8, lane, seed=60)
+    small_segment = _tokens(98, 2 * lane)
+
+    async def main() -> None:
+        large, small = object(), object()
+        flood = [asyncio.ensure_future(runner.encode([1], split_lanes(t, lane), 8, 32, request=large))
+                 for t in large_segments]
+        await _until(lambda: runner.stats.encode_chunks > 2)
+        await runner.encode([1], split_lanes(small_segment, lane), 8, 32, request=small)
+        (queued, done), = _events(runner, "encode-done", small)
+        assert done - queued <= 2 * 2 + 1  # R·L steps (+1: it was queued mid-step), R = 2 requests, L = 2 lanes
+        assert len(_events(runner, "encode-done", large)) < len(large_segments)
+        solo = _fast()
+        try:
+            expected = [(await solo.encode([1], split_lanes(t, lane), 8, 32)).payload for t in large_segments]
+        finally:
+            solo.close()
+        assert [(await f).payload for f in flood] == expected
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.close()
+
+
+def test_a_segment_whose_cache_could_never_fit_the_budget_is_refused_before_any_work() -> None:
+    probe = _fast()
+    per_position = probe.row_position_bytes
+    probe.close()
+    runner = _fast(kv_budget_bytes=per_position * 2 * 40)
+    try:
+        with pytest.raises(SegmentTooLargeError, match="budget") as refused:
+            asyncio.run(runner.decode([1], [40, 40, 40, 40], b"\x00" * 8, 8, 32))
+        assert refused.value.code == "container_too_large"
+        assert runner.stats.steps == 0 and runner.live_jobs() == 0
+        assert runner.max_segment_rows(40) == 2
+    finally:
+        runner.close()
+
+
+def test_decode_cache_stays_within_its_budget_while_more_segments_wait() -> None:
+    lane = 24
+    probe = _fast()
+    budget = probe.row_position_bytes * 4 * lane  # two 2-lane segments of lane positions at a time
+    probe.close()
+    runner = _fast(max_rows=64, kv_budget_bytes=budget)
+    segments = _segments(6, 2, lane, seed=70)
+
+    async def main() -> None:
+        payloads = await _encode_all(runner, segments, lane)
+        backs = await asyncio.gather(*(runner.decode([1], [lane, lane], p, 8, 32) for p in payloads))
+        assert [[t for x in back for t in x] for back in backs] == segments
+
+    try:
+        asyncio.run(main())
+        assert 0 < runner.stats.peak_kv_bytes <= budget
+    finally:
+        runner.close()
+
+
+class _StopsPastItsPayload(LaneDecoder):
+    """The range decoder as it will be (helper B): a stream read past its end fails its segment."""
+
+    def target(self) -> int:
+        if self.decoder.padded_bytes > 16:
+            raise ValueError("the decoder read past the end of its payload")
+        return super().target()
+
+
+def test_a_segment_whose_stream_fails_fails_alone_and_drops_its_rows_at_once(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    monkeypatch.setattr(runner_module, "LaneDecoder", _StopsPastItsPayload)
+    lane = 30
+    runner = _fast(max_rows=16)
+    segments = _segments(3, 2, lane, seed=80)
+
+    async def main() -> None:
+        payloads = await _encode_all(runner, segments, lane)
+        payloads[1] = payloads[1][:3]
+        results = await asyncio.gather(*(runner.decode([1], [lane, lane], p, 8, 32) for p in payloads),
+                                       return_exceptions=True)
+        assert isinstance(results[1], ValueError)
+        assert [[t for x in results[i] for t in x] for i in (0, 2)] == [segments[0], segments[2]]  # type: ignore[union-attr]
+        assert runner.live_jobs() == 0
+        await _until(lambda: runner.live_rows() == 0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.close()
+
+
+def test_cancelling_a_running_decode_frees_its_rows_and_others_still_decode() -> None:
+    lane = 60
+    runner = _fast(max_rows=8)
+    segments = _segments(2, 2, lane, seed=90)
+
+    async def main() -> None:
+        payloads = await _encode_all(runner, segments, lane)
+        doomed_request = object()
+        doomed = asyncio.ensure_future(runner.decode([1], [lane, lane], payloads[0], 8, 32, request=doomed_request))
+        await _until(lambda: bool(_events(runner, "decode-start", doomed_request)) and runner.live_rows() == 2)
+        doomed.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await doomed
+        await _until(lambda: runner.live_jobs() == 0)
+        assert runner.live_rows() == 0
+        back = await runner.decode([1], [lane, lane], payloads[1], 8, 32)
+        assert [t for x in back for t in x] == segments[1]
+
+    try:
+        asyncio.run(main())
+    finally:
+        runner.close()

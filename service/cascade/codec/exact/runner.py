@@ -1,22 +1,50 @@
 """The codec role's batched runner: one worker thread drives the exact model for every request.
 
-Compression jobs (teacher forcing) go through batched prefill: the lanes of every waiting segment,
-of every request, packed into as few forward passes as the token budget allows. Decompression jobs
-form a cohort: every lane of every waiting segment gets a KV-cache row, and each model step
-advances all of them at once while each segment's range decoder picks its lanes' tokens — the
-model proposes the distribution, the coder picks the token. Between decode steps waiting
-compression batches run, so neither direction starves the other. Because the model's integers do
-not depend on batch composition (see ``model``), any grouping gives the same bits.
+The worker loops in *steps*. Each step it
+
+1. admits waiting decompression segments into the running cohort (continuous batching): a segment's
+   prompt is prefilled once and its keys and values copied into one KV-cache row per lane
+   (``cohort``); rows of segments admitted earlier keep going;
+2. takes one decode step for every row: integer logits, then each segment's range decoder picks its
+   lanes' tokens (the model proposes the distribution, the coder picks the token); a row leaves the
+   moment its lane is complete, a segment whose decoder fails (e.g. it read past its payload) leaves
+   with all its rows at once and only its own future gets the error;
+3. runs at most one compression *chunk*: prefill of whole lanes of waiting segments, at most
+   ``prefill_tokens`` tokens (at least one lane), so compression interleaves with decoding.
+
+**Fairness.** Every job carries a request key (``request=``; one per call unless given). Admission
+and chunk filling serve requests least-recently-served first, one segment (decoding) or one lane
+(compression) per turn, and admission never skips the request whose turn it is: when its segment
+does not fit (rows or KV budget), nothing else is admitted until it does. Hence, with ``P`` the
+longest lane any running row still has to decode (≤ the model's positions):
+
+- a request whose turn it is gets its decode segment started within ``P`` steps (running rows only
+  leave), so a new request's first segment, arriving while one large request runs, starts within
+  ``P`` steps, however many segments the large request has queued;
+- with ``R`` requests holding compression work, every one of them gets a lane into a chunk at least
+  once every ``R`` steps, so a new request's first segment of ``L`` lanes is coded within ``R·L`` steps.
+
+**Memory.** A decode segment of ``n`` lanes needs ``n`` rows of ``len(prompt) + longest lane − 1``
+positions. It is admitted only while ``rows × longest need × bytes_per_row_position`` of the whole
+cohort (the cache's rectangle) stays within ``kv_budget_bytes``; one that could never fit is refused
+before any work (``SegmentTooLargeError``, a 400). The cache grows with the positions rows have
+reached, not with what a container declares.
+
+Because the model's integers do not depend on batch composition (see ``model``), any grouping,
+arrival order or interleaving gives the same bits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
 import math
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -24,13 +52,16 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from cascade.codec.container import ContainerError
+from cascade.codec.exact.cohort import Cohort, bytes_per_row_position
 from cascade.codec.exact.frequencies import frequency_tables, rank_to_token, token_intervals
-from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama, KVCache
+from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama
 from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
 
 logger = logging.getLogger("cascade.codec")
 T = TypeVar("T")
 _LOGIT_ROWS = 1024
+_EVENTS = 4096
 
 
 @dataclass(frozen=True)
@@ -40,30 +71,82 @@ class EncodedSegment:
     ideal_bits: float
 
 
-@dataclass
-class _EncodeJob:
-    prompt: list[int]
-    lanes: list[list[int]]
-    top_k: int
-    precision_bits: int
-    future: Future[EncodedSegment] = field(default_factory=Future)
-
-
-@dataclass
-class _DecodeJob:
-    prompt: list[int]
-    lengths: list[int]
-    payload: bytes
-    top_k: int
-    precision_bits: int
-    future: Future[list[list[int]]] = field(default_factory=Future)
-    cancelled: bool = False
-    decoded: list[list[int]] = field(default_factory=list)
-    coder: LaneDecoder | None = None
-
-
 class RunnerClosedError(RuntimeError):
     """The runner was shut down while a job waited."""
+
+
+class SegmentTooLargeError(ContainerError):
+    """A segment whose KV cache could never fit the runner's memory budget (refused before any work)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="container_too_large")
+
+
+@dataclass
+class RunnerStats:
+    """Counters of the worker (read from any thread; figures for benchmarks and tests).
+
+    ``steps`` counts worker iterations (each: admissions, one decode step, at most one compression
+    chunk). ``events`` holds recent ``(kind, request, queued_step, step)``: ``"decode-start"`` when a
+    decode segment joins the cohort, ``"decode-done"`` when its last lane completes, ``"encode-done"``
+    when a compression segment is coded."""
+
+    steps: int = 0
+    decode_steps: int = 0
+    encode_chunks: int = 0
+    model_seconds: float = 0.0
+    pick_seconds: float = 0.0
+    encode_model_seconds: float = 0.0
+    encode_coder_seconds: float = 0.0
+    peak_kv_bytes: int = 0
+    events: deque[tuple[str, object, int, int]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
+
+    def pick_share(self) -> float:
+        """Share of decode-step time spent picking tokens (frequency tables + range decoder)."""
+        total = self.model_seconds + self.pick_seconds
+        return self.pick_seconds / total if total else 0.0
+
+
+@dataclass(eq=False)
+class _Request:
+    key: object
+    arrival: int
+    encodes: deque[_EncodeJob] = field(default_factory=deque)
+    decodes: deque[_DecodeJob] = field(default_factory=deque)
+    encode_turn: int = -1
+    decode_turn: int = -1
+    live: int = 0
+
+
+@dataclass(eq=False)
+class _Job:
+    request: _Request
+    prompt: list[int]
+    top_k: int
+    precision_bits: int
+    queued_step: int
+    future: Future[Any] = field(default_factory=Future)
+    cancelled: bool = False
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _EncodeJob(_Job):
+    lanes: list[list[int]] = field(default_factory=list)
+    columns: list[tuple[list[int], list[int], list[int], list[float]] | None] = field(default_factory=list)
+    next_lane: int = 0
+    pending: int = 0
+
+
+@dataclass(eq=False)
+class _DecodeJob(_Job):
+    lengths: list[int] = field(default_factory=list)
+    payload: bytes = b""
+    need: int = 0
+    rows: int = 0
+    decoded: list[list[int]] = field(default_factory=list)
+    lanes_left: int = 0
+    coder: LaneDecoder | None = None
 
 
 def ideal_bits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -73,58 +156,132 @@ def ideal_bits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 class ExactRunner:
-    """Thread-safe front: ``encode``/``decode`` are awaitable from any event loop."""
+    """Thread-safe front: ``encode``/``decode`` are awaitable from any event loop.
+
+    ``max_rows``: KV rows decoded together (a segment with more lanes runs alone);
+    ``prefill_tokens``: tokens per compression chunk; ``kv_budget_bytes``: the decode cache's
+    budget (None: unbounded)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, *, kv_budget_bytes: int | None = None) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.max_rows = max(1, max_rows)
         self.prefill_tokens = max(1, prefill_tokens)
         self.threads = threads
-        self._encodes: deque[_EncodeJob] = deque()
-        self._decodes: deque[_DecodeJob] = deque()
+        self.kv_budget_bytes = kv_budget_bytes
+        self.row_position_bytes = bytes_per_row_position(model.config)
+        self.stats = RunnerStats()
+        self._requests: dict[object, _Request] = {}
+        self._arrivals = itertools.count()
+        self._turns = itertools.count()
+        self._cohort = Cohort(model)
+        self._live = 0
         self._wake = threading.Condition()
         self._closed = False
-        self._running = 0
         self._thread = threading.Thread(target=self._run, name="cascade-exact-codec", daemon=True)
         self._thread.start()
 
     # -- front ------------------------------------------------------------------------------------
     async def encode(self, prompt: Sequence[int], lanes: Sequence[Sequence[int]], top_k: int,
-                     precision_bits: int) -> EncodedSegment:
-        job = _EncodeJob(list(prompt), [list(lane) for lane in lanes], top_k, precision_bits)
-        self._enqueue(job, self._encodes)
-        return await self._wait(job, job.future)
+                     precision_bits: int, request: object | None = None) -> EncodedSegment:
+        """Code ``lanes`` (each conditioned on ``prompt``) into one interleaved stream."""
+        tokens = [list(lane) for lane in lanes]
+        self._check(prompt, top_k, precision_bits, [t for lane in tokens for t in lane])
+        if any(not lane for lane in tokens):
+            raise ValueError("a lane must hold at least one token")
+        if any(len(prompt) + len(lane) - 1 > self.model.max_positions for lane in tokens):
+            raise ValueError(f"prompt + lane exceed the model's {self.model.max_positions} positions")
+        if not tokens:
+            return EncodedSegment(encode_lanes([], precision_bits), 0, 0.0)
+        job = _EncodeJob(self._request(request), list(prompt), top_k, precision_bits, 0, lanes=tokens,
+                         columns=[None] * len(tokens), pending=len(tokens))
+        self._enqueue(job)
+        result: EncodedSegment = await self._wait(job)
+        return result
 
     async def decode(self, prompt: Sequence[int], lengths: Sequence[int], payload: bytes, top_k: int,
-                     precision_bits: int) -> list[list[int]]:
-        if not lengths:
-            return []
-        job = _DecodeJob(list(prompt), list(lengths), payload, top_k, precision_bits)
-        self._enqueue(job, self._decodes)
-        return await self._wait(job, job.future)
+                     precision_bits: int, request: object | None = None) -> list[list[int]]:
+        """The lanes' tokens from ``payload`` (lane ``i`` holds ``lengths[i]`` tokens)."""
+        lengths = [int(n) for n in lengths]
+        self._check(prompt, top_k, precision_bits, [])
+        if any(n < 0 for n in lengths):
+            raise ValueError("lane lengths must be ≥ 0")
+        rows = sum(1 for n in lengths if n)
+        if not rows:
+            return [[] for _ in lengths]
+        need = len(prompt) + max(lengths) - 1
+        if need > self.model.max_positions:
+            raise ValueError(f"prompt + lane exceed the model's {self.model.max_positions} positions")
+        if self.kv_budget_bytes is not None and rows * need * self.row_position_bytes > self.kv_budget_bytes:
+            raise SegmentTooLargeError(
+                f"a segment of {rows} lanes × {need} positions needs "
+                f"{rows * need * self.row_position_bytes / 2**20:.0f} MiB of decode cache, more than this "
+                f"server's budget of {self.kv_budget_bytes / 2**20:.0f} MiB (codec_kv_budget_mib)")
+        job = _DecodeJob(self._request(request), list(prompt), top_k, precision_bits, 0, lengths=lengths,
+                         payload=bytes(payload), need=need, rows=rows)
+        self._enqueue(job)
+        result: list[list[int]] = await self._wait(job)
+        return result
 
-    def _enqueue(self, job: Any, queue: deque[Any]) -> None:
+    def max_segment_rows(self, positions: int) -> int:
+        """The most lanes of ``positions`` positions each that one segment may have to be decodable here."""
+        if self.kv_budget_bytes is None:
+            return 1 << 30
+        return self.kv_budget_bytes // max(1, positions * self.row_position_bytes)
+
+    def _check(self, prompt: Sequence[int], top_k: int, precision_bits: int, tokens: list[int]) -> None:
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        if not 1 <= top_k < self.vocab_size:
+            raise ValueError(f"top_k must lie in [1, {self.vocab_size})")
+        if not 1 <= precision_bits <= 32 or top_k + 1 > 1 << precision_bits:
+            raise ValueError(f"{top_k + 1} symbols do not fit {precision_bits}-bit frequencies")
+        ids = [*prompt, *tokens]
+        if min(ids) < 0 or max(ids) >= self.model.config.vocab_size:
+            raise ValueError("token ids must lie in the model's vocabulary")
+
+    def _request(self, key: object | None) -> _Request:
+        """Called unlocked: only the key is looked up later (``_enqueue``)."""
+        return _Request(object() if key is None else key, -1)
+
+    def _enqueue(self, job: _EncodeJob | _DecodeJob) -> None:
         with self._wake:
             if self._closed:
                 raise RunnerClosedError("the codec runner is shut down")
-            queue.append(job)
+            request = self._requests.get(job.request.key)
+            if request is None:
+                request = job.request
+                request.arrival = next(self._arrivals)
+                self._requests[request.key] = request
+            job.request = request
+            job.queued_step = self.stats.steps
+            if isinstance(job, _EncodeJob):
+                request.encodes.append(job)
+            else:
+                request.decodes.append(job)
+            request.live += 1
+            self._live += 1
             self._wake.notify()
 
-    async def _wait(self, job: _EncodeJob | _DecodeJob, future: Future[T]) -> T:
+    async def _wait(self, job: _Job) -> Any:
         try:
-            return await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(job.future)
         except asyncio.CancelledError:
-            if isinstance(job, _DecodeJob):  # a running job cannot be cancelled through its future: the worker
-                job.cancelled = True  # drops the job's rows at its next step
+            job.cancelled = True  # a running job cannot be cancelled through its future: the worker drops it
             job.future.cancel()
+            with self._wake:
+                self._wake.notify()
             raise
 
     def live_jobs(self) -> int:
         """Jobs queued or running (the leak checks expect 0 on an idle service)."""
         with self._wake:
-            return len(self._encodes) + len(self._decodes) + self._running
+            return self._live
+
+    def live_rows(self) -> int:
+        """KV rows the decode cohort holds now."""
+        return len(self._cohort)
 
     def close(self) -> None:
         with self._wake:
@@ -132,99 +289,252 @@ class ExactRunner:
             self._wake.notify()
         self._thread.join(timeout=30)
 
+    # -- bookkeeping (worker) ---------------------------------------------------------------------
+    def _finish(self, job: _Job, result: Any = None, error: BaseException | None = None) -> None:
+        """Answer ``job`` once (a cancelled future just ends), release its request's share."""
+        if job.done:
+            return
+        job.done = True
+        with self._wake:
+            self._live -= 1
+            request = job.request
+            request.live -= 1
+            if request.live == 0 and self._requests.get(request.key) is request:
+                del self._requests[request.key]
+        if not job.future.done():
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+
+    def _purge_cancelled(self) -> list[_Job]:
+        """Queued jobs whose callers went away (under the lock)."""
+        gone: list[_Job] = []
+        for request in self._requests.values():
+            for queue in (request.encodes, request.decodes):
+                dead = [job for job in queue if job.cancelled or job.future.cancelled()]
+                for job in dead:
+                    queue.remove(job)  # type: ignore[arg-type]
+                gone += dead
+        return gone
+
+    def _has_work(self) -> bool:
+        return len(self._cohort) > 0 or any(r.encodes or r.decodes for r in self._requests.values())
+
+    # -- scheduling (worker, under the lock) ------------------------------------------------------
+    def _admit(self) -> list[_DecodeJob]:
+        """Decode segments joining the cohort this step, least-recently-served request first; stops
+        at the first that does not fit, so the request whose turn it is never waits on later ones."""
+        admitted: list[_DecodeJob] = []
+        rows, need = len(self._cohort), self._cohort.longest_need()
+        while True:
+            waiting = [r for r in self._requests.values() if r.decodes]
+            if not waiting:
+                return admitted
+            request = min(waiting, key=lambda r: (r.decode_turn, r.arrival))
+            job = request.decodes[0]
+            if rows and rows + job.rows > self.max_rows:
+                return admitted
+            if rows and self.kv_budget_bytes is not None and \
+                    (rows + job.rows) * max(need, job.need) * self.row_position_bytes > self.kv_budget_bytes:
+                return admitted
+            request.decodes.popleft()
+            request.decode_turn = next(self._turns)
+            if not job.future.set_running_or_notify_cancel():
+                job.cancelled = True
+                admitted.append(job)  # answered (dropped) by the worker outside the lock
+                continue
+            admitted.append(job)
+            rows += job.rows
+            need = max(need, job.need)
+
+    def _take_chunk(self) -> list[tuple[_EncodeJob, int]]:
+        """Lanes for one compression chunk, one lane per turn, least-recently-served request first."""
+        chunk: list[tuple[_EncodeJob, int]] = []
+        size = 0
+        while True:
+            waiting = [r for r in self._requests.values() if r.encodes]
+            if not waiting:
+                return chunk
+            request = min(waiting, key=lambda r: (r.encode_turn, r.arrival))
+            job = request.encodes[0]
+            cost = len(job.prompt) + len(job.lanes[job.next_lane])
+            if chunk and size + cost > self.prefill_tokens:
+                return chunk
+            if job.next_lane == 0 and not job.future.set_running_or_notify_cancel():
+                request.encodes.popleft()
+                job.cancelled = True
+                chunk.append((job, -1))  # dropped by the worker outside the lock
+                continue
+            chunk.append((job, job.next_lane))
+            size += cost
+            job.next_lane += 1
+            if job.next_lane == len(job.lanes):
+                request.encodes.popleft()
+            request.encode_turn = next(self._turns)
+
     # -- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
         while True:
             with self._wake:
-                while not self._closed and not self._encodes and not self._decodes:
+                while not self._closed and not self._has_work():
                     self._wake.wait()
                 if self._closed:
-                    closed = RunnerClosedError("the codec runner is shut down")
-                    futures: list[Future[Any]] = [j.future for j in self._encodes]
-                    futures += [j.future for j in self._decodes]
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(closed)
-                    return
-            try:
-                if self._decodes:
-                    self._decode_cohort()
-                else:
-                    self._encode_batch()
-            except Exception:  # a bug must fail the jobs, never kill the worker silently
-                logger.exception("codec runner failed")
-
-    def _started(self, jobs: Sequence[_EncodeJob | _DecodeJob], delta: int) -> None:
-        with self._wake:
-            self._running += delta * len(jobs)
-
-    def _take_encodes(self) -> list[_EncodeJob]:
-        jobs: list[_EncodeJob] = []
-        budget = self.prefill_tokens
-        with self._wake:
-            while self._encodes:
-                job = self._encodes[0]
-                cost = sum(len(job.prompt) + len(lane) for lane in job.lanes)
-                if jobs and cost > budget:
                     break
-                self._encodes.popleft()
-                if job.future.set_running_or_notify_cancel():
-                    jobs.append(job)
-                    budget -= cost
-        return jobs
+                gone = self._purge_cancelled()
+                admitted = self._admit()
+                chunk = self._take_chunk()
+            for job in gone:
+                self._finish(job, error=RunnerClosedError("the request was cancelled"))
+            try:
+                self._step(admitted, chunk)
+            except Exception as exc:  # a bug must fail the jobs, never kill the worker silently
+                logger.exception("codec runner failed")
+                for job in {*self._cohort.owners, *admitted, *(job for job, _ in chunk)}:
+                    self._finish(job, error=exc)
+                self._cohort = Cohort(self.model)
+            with self._wake:
+                self.stats.steps += 1
+        self._shutdown()
 
-    def _encode_batch(self) -> None:
-        jobs = self._take_encodes()
+    def _shutdown(self) -> None:
+        closed = RunnerClosedError("the codec runner is shut down")
+        with self._wake:
+            queued: list[_Job] = [job for r in self._requests.values() for job in (*r.encodes, *r.decodes)]
+        for job in {*queued, *self._cohort.owners}:
+            self._finish(job, error=closed)
+        self._cohort = Cohort(self.model)
 
-        def encode() -> None:
-            for job, result in zip(jobs, self._encode(jobs), strict=True):
-                job.future.set_result(result)
-
-        self._run_jobs(jobs, encode)
-
-    def _run_jobs(self, jobs: Sequence[_EncodeJob | _DecodeJob], work: Callable[[], None]) -> None:
-        """Run ``work`` on taken jobs (it answers them): a failure fails every job not yet answered,
-        a job still unanswered afterwards was cancelled, and the live-job count covers the run."""
-        if not jobs:
-            return
-        self._started(jobs, 1)
-        try:
-            work()
-        except Exception as exc:
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            raise
-        finally:
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(RunnerClosedError("the request was cancelled"))
-            self._started(jobs, -1)
-
-    def _encode(self, jobs: list[_EncodeJob]) -> list[EncodedSegment]:
-        """Every lane of every job through packed prefill passes of at most ``prefill_tokens`` tokens."""
-        lanes = [(job, lane) for job in jobs for lane in job.lanes]
-        columns: list[tuple[list[int], list[int], list[int], list[float]]] = []
-        chunk: list[tuple[_EncodeJob, list[int]]] = []
-        size = 0
-        for job, lane in lanes:
-            if chunk and size + len(job.prompt) + len(lane) > self.prefill_tokens:
-                columns += self._lane_symbols(chunk)
-                chunk, size = [], 0
-            chunk.append((job, lane))
-            size += len(job.prompt) + len(lane)
+    def _step(self, admitted: list[_DecodeJob], chunk: list[tuple[_EncodeJob, int]]) -> None:
+        joining = []
+        for job in admitted:
+            if job.cancelled:
+                self._finish(job, error=RunnerClosedError("the request was cancelled"))
+                continue
+            try:
+                job.coder = LaneDecoder(job.payload, job.precision_bits, self.vocab_size - job.top_k)
+            except Exception as exc:
+                self._finish(job, error=exc)
+                continue
+            job.decoded = [[] for _ in job.lengths]
+            job.lanes_left = job.rows
+            lanes = [lane for lane, n in enumerate(job.lengths) if n]
+            joining.append((job, job.prompt, lanes, job.need))
+            self.stats.events.append(("decode-start", job.request.key, job.queued_step, self.stats.steps))
+        if joining:
+            start = time.perf_counter()
+            self._cohort.join(joining)
+            self.stats.model_seconds += time.perf_counter() - start
+        if len(self._cohort):
+            self._decode_step()
         if chunk:
-            columns += self._lane_symbols(chunk)
-        results, index = [], 0
-        for job in jobs:
-            mine = columns[index:index + len(job.lanes)]
-            index += len(job.lanes)
+            self._encode_chunk(chunk)
+
+    def _decode_step(self) -> None:
+        cohort = self._cohort
+        for job in {job for job in cohort.owners if job.cancelled and not job.done}:
+            self._finish(job, error=RunnerClosedError("the request was cancelled"))
+        cohort.keep([i for i, job in enumerate(cohort.owners) if not job.done])
+        if not len(cohort):
+            return
+        assert cohort.hidden is not None
+        self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
+        start = time.perf_counter()
+        logits = self.model.logits(cohort.hidden)
+        picked = time.perf_counter()
+        tokens, keep = self._pick(logits)
+        model_start = time.perf_counter()
+        cohort.keep(keep)
+        if len(cohort):
+            cohort.step(tokens[torch.tensor(keep)])
+        end = time.perf_counter()
+        self.stats.model_seconds += (picked - start) + (end - model_start)
+        self.stats.pick_seconds += model_start - picked
+        self.stats.decode_steps += 1
+        self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
+
+    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Each row's next token from its segment's stream, lanes in order (``encode_lanes``'s order);
+        returns the tokens and the rows still running. Frequency tables are built for all rows of all
+        segments sharing settings at once; the per-row work is the coder and a bisection."""
+        owners: list[_DecodeJob] = self._cohort.owners
+        lanes = self._cohort.lanes
+        n = len(owners)
+        table_ids: list[list[int]] = [[]] * n
+        table_cdf: list[list[int]] = [[]] * n
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, job in enumerate(owners):
+            groups.setdefault((job.top_k, job.precision_bits), []).append(i)
+        for (top_k, precision), rows in groups.items():
+            ids, cdf = frequency_tables(logits[rows], top_k, precision)
+            for i, row_ids, row_cdf in zip(rows, ids.tolist(), cdf.tolist(), strict=True):
+                table_ids[i], table_cdf[i] = row_ids, row_cdf
+        picked = [0] * n
+        keep: list[int] = []
+        for i, job in enumerate(owners):
+            if job.done:
+                continue
+            cdf, top_k = table_cdf[i], job.top_k
+            try:
+                coder = job.coder
+                assert coder is not None
+                symbol = min(max(bisect.bisect_right(cdf, coder.target()) - 1, 0), top_k)
+                coder.consume(cdf[symbol], cdf[symbol + 1] - cdf[symbol])
+                if symbol < top_k:
+                    token = table_ids[i][symbol]
+                else:
+                    token = rank_to_token(np.asarray(table_ids[i], dtype=np.int64), coder.fallback_rank())
+            except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
+                self._finish(job, error=exc)
+                continue
+            decoded = job.decoded[lanes[i]]
+            decoded.append(token)
+            picked[i] = token
+            if len(decoded) < job.lengths[lanes[i]]:
+                keep.append(i)
+            else:
+                job.lanes_left -= 1
+                if job.lanes_left == 0:
+                    self.stats.events.append(("decode-done", job.request.key, job.queued_step, self.stats.steps))
+                    self._finish(job, job.decoded)
+        return torch.tensor(picked, dtype=torch.int64), [i for i in keep if not owners[i].done]
+
+    def _encode_chunk(self, chunk: list[tuple[_EncodeJob, int]]) -> None:
+        live = [(job, lane) for job, lane in chunk if lane >= 0 and not job.cancelled]
+        for job in {job for job, lane in chunk if lane < 0 or job.cancelled}:
+            self._finish(job, error=RunnerClosedError("the request was cancelled"))
+        if not live:
+            return
+        start = time.perf_counter()
+        try:
+            columns = self._lane_symbols([(job, job.lanes[lane]) for job, lane in live])
+        except Exception as exc:
+            for job in {job for job, _ in live}:
+                self._finish(job, error=exc)
+            return
+        coded = time.perf_counter()
+        finished: list[_EncodeJob] = []
+        for (job, lane), column in zip(live, columns, strict=True):
+            job.columns[lane] = column
+            job.pending -= 1
+            if job.pending == 0:
+                finished.append(job)
+        for job in finished:
+            mine = [c for c in job.columns if c is not None]
             symbols = [LaneSymbols(low, freq, rank, self.vocab_size - job.top_k) for low, freq, rank, _ in mine]
-            results.append(EncodedSegment(encode_lanes(symbols, job.precision_bits), sum(len(x) for x in job.lanes),
-                                          sum(sum(bits) for *_, bits in mine)))
-        return results
+            try:
+                result = EncodedSegment(encode_lanes(symbols, job.precision_bits),
+                                        sum(len(x) for x in job.lanes), sum(sum(bits) for *_, bits in mine))
+            except Exception as exc:
+                self._finish(job, error=exc)
+                continue
+            self.stats.events.append(("encode-done", job.request.key, job.queued_step, self.stats.steps))
+            self._finish(job, result)
+        self.stats.encode_chunks += 1
+        self.stats.encode_model_seconds += coded - start
+        self.stats.encode_coder_seconds += time.perf_counter() - coded
 
     def _lane_symbols(self, lanes: list[tuple[_EncodeJob, list[int]]]
                       ) -> list[tuple[list[int], list[int], list[int], list[float]]]:
@@ -259,77 +569,3 @@ class ExactRunner:
             out.append((lows[start:end], freqs[start:end], ranks[start:end], ideals[start:end]))
             start = end
         return out
-
-    def _take_decodes(self) -> list[_DecodeJob]:
-        jobs: list[_DecodeJob] = []
-        rows = 0
-        with self._wake:
-            while self._decodes and (not jobs or rows + len(self._decodes[0].lengths) <= self.max_rows):
-                job = self._decodes.popleft()
-                if job.future.set_running_or_notify_cancel():
-                    rows += len(job.lengths)
-                    jobs.append(job)
-        return jobs
-
-    def _decode_cohort(self) -> None:
-        jobs = self._take_decodes()
-        self._run_jobs(jobs, lambda: self._decode(jobs))
-
-    def _decode(self, jobs: list[_DecodeJob]) -> None:
-        model = self.model
-        c = model.config
-        rows = sum(len(job.lengths) for job in jobs)
-        longest = max(len(job.prompt) + max(job.lengths, default=0) for job in jobs)
-        cache = KVCache.allocate(rows, longest, c.num_layers, c.num_kv_heads, c.head_dim)
-        row_jobs: list[tuple[_DecodeJob, int]] = []
-        for job in jobs:
-            job.coder = LaneDecoder(job.payload, job.precision_bits, self.vocab_size - job.top_k)
-            job.decoded = [[] for _ in job.lengths]
-            row_jobs += [(job, lane) for lane in range(len(job.lengths))]
-        hidden = model.prefill([job.prompt for job, _ in row_jobs], cache, list(range(rows)))
-        ends = np.cumsum([len(job.prompt) for job, _ in row_jobs]) - 1
-        hidden = hidden[torch.from_numpy(ends)]
-        while row_jobs:
-            tokens = self._pick(jobs, row_jobs, model.logits(hidden))
-            for job in jobs:
-                if not job.future.done() and all(len(d) == n for d, n in zip(job.decoded, job.lengths, strict=True)):
-                    job.future.set_result(job.decoded)
-            keep = [i for i, (job, lane) in enumerate(row_jobs)
-                    if not job.future.done() and not job.cancelled and len(job.decoded[lane]) < job.lengths[lane]]
-            if len(keep) < len(row_jobs):
-                if not keep:
-                    break
-                index = torch.tensor(keep)
-                cache.keep(index)
-                tokens = tokens[index]
-                row_jobs = [row_jobs[i] for i in keep]
-            hidden = model.step(tokens, cache)
-            if self._encodes:
-                self._encode_batch()
-
-    def _pick(self, jobs: list[_DecodeJob], row_jobs: list[tuple[_DecodeJob, int]], logits: torch.Tensor
-              ) -> torch.Tensor:
-        """Each row's next token from its segment's stream, lanes in order (``encode_lanes``'s order)."""
-        picked = torch.zeros(len(row_jobs), dtype=torch.int64)
-        by_job: dict[int, list[int]] = {}
-        for i, (job, _) in enumerate(row_jobs):
-            by_job.setdefault(id(job), []).append(i)
-        for job in jobs:
-            indices = by_job.get(id(job))
-            if not indices or job.future.done() or job.cancelled:
-                continue
-            ids, cdf = frequency_tables(logits[indices], job.top_k, job.precision_bits)
-            ids_np, cdf_np = ids.numpy(), cdf.numpy()
-            assert job.coder is not None
-            for j, i in enumerate(indices):
-                lane = row_jobs[i][1]
-                target = job.coder.target()
-                symbol = min(max(int(np.searchsorted(cdf_np[j], target, side="right")) - 1, 0), job.top_k)
-                job.coder.consume(int(cdf_np[j, symbol]), int(cdf_np[j, symbol + 1] - cdf_np[j, symbol]))
-                if symbol < job.top_k:
-                    token = int(ids_np[j, symbol])
-                else:
-                    token = rank_to_token(ids_np[j], job.coder.fallback_rank())
-                job.decoded[lane].append(token)
-                picked[i] = token
-        return picked
