@@ -165,7 +165,7 @@ class Gateway:
                                   f"codec disabled: the exact codec cannot run this model ({exc})")
             return
         runner = ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens,
-                             s.codec_threads or None)
+                             s.codec_threads or None, kv_budget_bytes=s.codec_kv_budget_mib << 20)
         self.codec.attach(runner, NUMERICS_VERSION, self.engines.tokenizer, self.engines.fingerprint)
         if s.codec_selftest:
             self.codec_status.set(CodecState.SELF_TEST, "the codec's startup self-test is running")

@@ -61,7 +61,12 @@ class Settings(BaseSettings):
         32, ge=1, le=1024, description="Lanes the exact codec decodes together (KV-cache rows; a segment's lanes "
         "always decode together even if they are more). Memory: rows × positions × 48 KiB for the default model."
     )
-    codec_prefill_tokens: int = Field(8192, ge=64, description="Tokens per batched compression forward pass.")
+    codec_prefill_tokens: int = Field(8192, ge=64, description="Tokens per compression chunk (one batched prefill; "
+                                      "one chunk runs between two decode steps).")
+    codec_kv_budget_mib: int = Field(
+        2048, ge=1, description="Decode KV-cache budget of the exact codec: a segment joins the running rows only "
+        "while rows × positions × bytes per position fit; one that never fits is refused (400)."
+    )
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_segments_in_flight: int = Field(8, ge=1, description="Segments of one request coded concurrently.")
     codec_top_k: int = Field(1024, ge=1, le=1024, description="Default top-k of the codec distribution.")
