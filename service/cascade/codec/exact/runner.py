@@ -462,30 +462,36 @@ class ExactRunner:
         owners: list[_DecodeJob] = self._cohort.owners
         lanes = self._cohort.lanes
         n = len(owners)
-        table_ids: list[list[int]] = [[]] * n
-        table_cdf: list[list[int]] = [[]] * n
+        # Per row: its group's flat ids and CDF (memoryviews: Python ints per item, no per-row copies)
+        # and where its row starts in them.
+        where: list[tuple[memoryview, memoryview, int, int]] = [(memoryview(b""), memoryview(b""), 0, 0)] * n
         groups: dict[tuple[int, int], list[int]] = {}
         for i, job in enumerate(owners):
             groups.setdefault((job.top_k, job.precision_bits), []).append(i)
         for (top_k, precision), rows in groups.items():
             ids, cdf = frequency_tables(logits[rows], top_k, precision)
-            for i, row_ids, row_cdf in zip(rows, ids.tolist(), cdf.tolist(), strict=True):
-                table_ids[i], table_cdf[i] = row_ids, row_cdf
+            flat_ids = memoryview(np.ascontiguousarray(ids.numpy()).reshape(-1))
+            flat_cdf = memoryview(np.ascontiguousarray(cdf.numpy()).reshape(-1))
+            for j, i in enumerate(rows):
+                where[i] = (flat_ids, flat_cdf, j * top_k, j * (top_k + 2))
         picked = [0] * n
         keep: list[int] = []
         for i, job in enumerate(owners):
             if job.done:
                 continue
-            cdf, top_k = table_cdf[i], job.top_k
+            ids_of, cdf, at_ids, at = where[i]
+            top_k = job.top_k
             try:
                 coder = job.coder
                 assert coder is not None
-                symbol = min(max(bisect.bisect_right(cdf, coder.target()) - 1, 0), top_k)
-                coder.consume(cdf[symbol], cdf[symbol + 1] - cdf[symbol])
+                symbol = min(max(bisect.bisect_right(cdf, coder.target(), at, at + top_k + 2) - 1 - at, 0), top_k)
+                low = cdf[at + symbol]
+                coder.consume(low, cdf[at + symbol + 1] - low)
                 if symbol < top_k:
-                    token = table_ids[i][symbol]
+                    token = ids_of[at_ids + symbol]
                 else:
-                    token = rank_to_token(np.asarray(table_ids[i], dtype=np.int64), coder.fallback_rank())
+                    row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
+                    token = rank_to_token(row_ids, coder.fallback_rank())
             except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
                 self._finish(job, error=exc)
                 continue
