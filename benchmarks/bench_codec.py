@@ -11,6 +11,11 @@ the codec's lanes are), the exact model's own cross-entropy (from the service's 
 throughput against vLLM's float prefill of the same lanes, and decompress throughput against vLLM's
 float greedy decoding at the same parallelism (as many concurrent sequences as the decoder runs
 lanes at once). The round trip must be exact.
+
+Two figures come from the exact model in this process (the service does not expose its runner's
+counters): the coder's share of a decode step (frequency tables and range decoder against the
+model's forward pass and logits, ``RunnerStats.pick_share``) decoding ``--parallel`` lanes of the
+same text, ``--share-tokens`` each, and the exact model's resident weights and tables.
 """
 
 from __future__ import annotations
@@ -88,9 +93,7 @@ def float_cross_entropy_bits(lanes: list[list[int]], separator: int) -> float:
 
 
 def container_payload_bytes(container: bytes) -> int:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+    _service_path()
     from cascade.codec.container import parse_container
 
     return sum(len(s.payload) for s in parse_container(container).segments)
@@ -127,6 +130,63 @@ async def vllm_greedy_tokens_per_second(client: httpx.AsyncClient, model: str, p
     return sum(counts) / (time.perf_counter() - start)
 
 
+def _service_path() -> None:
+    import sys
+
+    service = str(Path(__file__).resolve().parents[1] / "service")
+    if service not in sys.path:
+        sys.path.insert(0, service)
+
+
+def exact_model_bytes(model: object) -> int:
+    """Bytes of every distinct tensor the exact model holds (weights, scales, tables)."""
+    import torch
+
+    seen: dict[tuple[int, int], int] = {}
+
+    def walk(value: object) -> None:
+        if isinstance(value, torch.Tensor):
+            seen[(value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())] = \
+                value.untyped_storage().nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            for item in vars(value).values():
+                walk(item)
+
+    walk(model)
+    return sum(seen.values())
+
+
+async def coder_share(lanes: list[list[int]], args: argparse.Namespace) -> tuple[float, float, float]:
+    """Decode ``--parallel`` lanes through an in-process runner: (coder share of a step, decode
+    tokens/s, exact-model MiB)."""
+    _service_path()
+    from cascade.codec.exact.model import ExactLlama
+    from cascade.codec.exact.runner import ExactRunner
+
+    model = ExactLlama.from_pretrained(MODEL_DIR, args.max_model_len)
+    runner = ExactRunner(model, model.config.vocab_size, max_rows=args.parallel,
+                         threads=args.codec_threads or None)
+    picked = [lane[:args.share_tokens] for lane in lanes[:args.parallel]]
+    try:
+        coded = await runner.encode([1], picked, args.top_k, 32)
+        before = (runner.stats.model_seconds, runner.stats.pick_seconds)
+        start = time.perf_counter()
+        back = await runner.decode([1], [len(lane) for lane in picked], coded.payload, args.top_k, 32)
+        seconds = time.perf_counter() - start
+        assert back == picked, "in-process round trip differs"
+        model_s = runner.stats.model_seconds - before[0]
+        pick_s = runner.stats.pick_seconds - before[1]
+    finally:
+        await asyncio.to_thread(runner.close)
+    return pick_s / (model_s + pick_s), sum(map(len, picked)) / seconds, exact_model_bytes(model) / 2**20
+
+
 async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: dict[str, str]) -> list[str]:
     from transformers import AutoTokenizer
 
@@ -159,13 +219,15 @@ async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: di
     payload = container_payload_bytes(container)
     xz = len(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
     z = zstd_size(data)
+    share, share_rate, model_mib = await coder_share(lanes, args)
     rows = [
         f"| {kind} | {n} | {tokens} | {8 * len(container) / n:.4f} | {float_bits / n:.4f} | "
         f"{done['ideal_bits_per_token'] * done['tokens'] / n:.4f} | "
         f"{8 * len(container) / float_bits:.4f} | {8 * xz / n:.3f} | "
         f"{'n/a' if z is None else f'{8 * z / n:.3f}'} | {100 * (len(container) - payload) / len(container):.3f} % | "
         f"{tokens / compress_s:.0f} | {(tokens / prefill_s):.0f} | {prefill_s / compress_s:.3f} | "
-        f"{tokens / decompress_s:.0f} | {greedy:.0f} | {(tokens / decompress_s) / greedy:.3f} | {exact} |"]
+        f"{tokens / decompress_s:.0f} | {greedy:.0f} | {(tokens / decompress_s) / greedy:.3f} | {exact} | "
+        f"{100 * share:.1f} % ({share_rate:.0f} tok/s in-process) | {model_mib:.0f} MiB |"]
     return rows
 
 
@@ -179,6 +241,10 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=32, help="the decoder's rows (codec_max_rows)")
     parser.add_argument("--prefill-concurrency", type=int, default=16)
+    parser.add_argument("--share-tokens", type=int, default=64, help="tokens per lane of the in-process share run")
+    parser.add_argument("--top-k", type=int, default=1024, help="the service's codec_top_k")
+    parser.add_argument("--max-model-len", type=int, default=1024, help="the service's max_model_len")
+    parser.add_argument("--codec-threads", type=int, default=0, help="the service's codec_threads")
     args = parser.parse_args()
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     sources = {"code": held_out_code, "prose": held_out_prose}
@@ -187,8 +253,8 @@ def main() -> None:
     print("| text | bytes | tokens | container bits/byte | float CE bits/byte | exact CE bits/byte | × float CE | "
           "xz -9e | "
           "zstd -19 --long | framing | compress tok/s | vLLM prefill tok/s | × prefill | decompress tok/s | "
-          "vLLM greedy tok/s (same parallelism) | × greedy | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "vLLM greedy tok/s (same parallelism) | × greedy | exact | coder share of a decode step | exact model |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in args.kinds.split(","):
         for row in asyncio.run(run_kind(kind, sources[kind](args.bytes), args, headers)):
             print(row, flush=True)

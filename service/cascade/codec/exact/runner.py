@@ -18,11 +18,16 @@ and chunk filling serve requests least-recently-served first, one segment (decod
 does not fit (rows or KV budget), nothing else is admitted until it does. Hence, with ``P`` the
 longest lane any running row still has to decode (≤ the model's positions):
 
-- a request whose turn it is gets its decode segment started within ``P`` steps (running rows only
-  leave), so a new request's first segment, arriving while one large request runs, starts within
-  ``P`` steps, however many segments the large request has queued;
+- a request whose turn it is gets its decode segment started within ``P + 1`` steps of being queued
+  (running rows only leave; the step under way when it arrives counts as one), so a new request's
+  first segment, arriving while one large request runs, starts within ``P + 1`` steps however many
+  segments the large request has queued (tested: ``test_exact_runner``);
 - with ``R`` requests holding compression work, every one of them gets a lane into a chunk at least
-  once every ``R`` steps, so a new request's first segment of ``L`` lanes is coded within ``R·L`` steps.
+  once every ``R`` steps, so a new request's first segment of ``L`` lanes is coded within
+  ``R·L + 1`` steps.
+
+The bounds hold per request key: callers that pass none make every segment its own request, and a
+new segment then also waits for the segments queued before it.
 
 **Memory.** A decode segment of ``n`` lanes needs ``n`` rows of ``len(prompt) + longest lane − 1``
 positions. It is admitted only while ``rows × longest need × bytes_per_row_position`` of the whole
