@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 from collections.abc import Callable
 
 import cascade.codec.exact.runner as runner_module
 import pytest
 from cascade.codec.exact.runner import ExactRunner, SegmentTooLargeError
-from cascade.codec.lanes import LaneDecoder, lane_lengths, split_lanes
+from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes, lane_lengths, split_lanes
 
 from tests.unit.codec.exact_fixtures import tiny_model
 
@@ -119,6 +120,40 @@ def _events(runner: ExactRunner, kind: str, request: object) -> list[tuple[int, 
     return [(queued, step) for k, key, queued, step in list(runner.stats.events) if k == kind and key is request]
 
 
+class _Gate:
+    """Holds the worker at the ``after``-th call of a hooked function until released, so a test acts
+    while the worker is surely mid-work (no timing involved)."""
+
+    def __init__(self, after: int = 1) -> None:
+        self.after = after
+        self.calls = 0
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def hold(self) -> None:
+        self.calls += 1
+        if self.calls >= self.after and not self.release.is_set():
+            self.reached.set()
+            self.release.wait(timeout=60)
+
+    def on_decoder(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        gate = self
+
+        class Held(LaneDecoder):
+            def target(self) -> int:
+                gate.hold()
+                return super().target()
+
+        monkeypatch.setattr(runner_module, "LaneDecoder", Held)
+
+    def on_encoder(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def held(lanes: list[LaneSymbols], precision_bits: int) -> bytes:
+            self.hold()
+            return encode_lanes(lanes, precision_bits)
+
+        monkeypatch.setattr(runner_module, "encode_lanes", held)
+
+
 def _segments(count: int, lanes: int, lane: int, seed: int = 0) -> list[list[int]]:
     return [_tokens(seed + i, lanes * lane) for i in range(count)]
 
@@ -127,7 +162,10 @@ async def _encode_all(runner: ExactRunner, segments: list[list[int]], lane: int)
     return [(await runner.encode([1], split_lanes(tokens, lane), 8, 32)).payload for tokens in segments]
 
 
-def test_a_segment_arriving_mid_flight_joins_the_running_cohort_and_decodes_as_alone() -> None:
+def test_a_segment_arriving_mid_flight_joins_the_running_cohort_and_decodes_as_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = _Gate(after=11)  # the first segment's sixth step
+    gate.on_decoder(monkeypatch)
     runner = _fast(max_rows=8)
     segments = _segments(3, 2, 30, seed=40)
 
@@ -135,19 +173,26 @@ def test_a_segment_arriving_mid_flight_joins_the_running_cohort_and_decodes_as_a
         payloads = await _encode_all(runner, segments, 30)
         first, later = object(), object()
         running = asyncio.ensure_future(runner.decode([1], [30, 30], payloads[0], 8, 32, request=first))
-        await _until(lambda: bool(_events(runner, "decode-start", first)) and runner.stats.steps > 5)
-        joined = await asyncio.gather(*(runner.decode([1], [30, 30], p, 8, 32, request=later) for p in payloads[1:]))
-        assert [[t for x in back for t in x] for back in [await running, *joined]] == segments
+        await _until(gate.reached.is_set)
+        joining = [asyncio.ensure_future(runner.decode([1], [30, 30], p, 8, 32, request=later)) for p in payloads[1:]]
+        await _until(lambda: runner.live_jobs() == 3)
+        gate.release.set()
+        backs = [await running, *[await job for job in joining]]
+        assert [[t for x in back for t in x] for back in backs] == segments
         (_, first_done), = _events(runner, "decode-done", first)
         assert all(start < first_done for _, start in _events(runner, "decode-start", later))
 
     try:
         asyncio.run(main())
     finally:
+        gate.release.set()
         runner.close()
 
 
-def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_large_request_runs() -> None:
+def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_large_request_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = _Gate()
+    gate.on_decoder(monkeypatch)
     lane = 40
     runner = _fast(max_rows=4)
     large_segments = _segments(8, 2, lane, seed=50)
@@ -158,22 +203,29 @@ def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_la
         large, small = object(), object()
         flood = [asyncio.ensure_future(runner.decode([1], [lane, lane], p, 8, 32, request=large))
                  for p in payloads[:-1]]
-        await _until(lambda: runner.stats.steps > 3 and len(_events(runner, "decode-start", large)) >= 2)
-        back = await runner.decode([1], [lane, lane], payloads[-1], 8, 32, request=small)
+        await _until(gate.reached.is_set)
+        solo = asyncio.ensure_future(runner.decode([1], [lane, lane], payloads[-1], 8, 32, request=small))
+        await _until(lambda: runner.live_jobs() == 9)
+        gate.release.set()
+        back = await solo
         assert [t for x in back for t in x] == small_segment
         (queued, started), = _events(runner, "decode-start", small)
         assert started - queued <= lane + 1  # the module's bound: P + 1 steps, P = the longest lane left
         assert [[t for x in await f for t in x] for f in flood] == large_segments
         later = [start for _, start in _events(runner, "decode-start", large) if start >= started]
-        assert len(later) >= 5  # served ahead of most of the large request's queued segments
+        assert len(later) == 6  # served ahead of every large segment still queued when it came
 
     try:
         asyncio.run(main())
     finally:
+        gate.release.set()
         runner.close()
 
 
-def test_a_new_requests_compression_interleaves_with_a_large_upload_within_the_bound() -> None:
+def test_a_new_requests_compression_interleaves_with_a_large_upload_within_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = _Gate()
+    gate.on_encoder(monkeypatch)
     lane = 20
     runner = _fast(prefill_tokens=3 * (lane + 1))
     large_segments = _segments(6, 8, lane, seed=60)
@@ -183,21 +235,25 @@ def test_a_new_requests_compression_interleaves_with_a_large_upload_within_the_b
         large, small = object(), object()
         flood = [asyncio.ensure_future(runner.encode([1], split_lanes(t, lane), 8, 32, request=large))
                  for t in large_segments]
-        await _until(lambda: runner.stats.encode_chunks > 2)
-        await runner.encode([1], split_lanes(small_segment, lane), 8, 32, request=small)
+        await _until(gate.reached.is_set)
+        solo = asyncio.ensure_future(runner.encode([1], split_lanes(small_segment, lane), 8, 32, request=small))
+        await _until(lambda: runner.live_jobs() == 7)
+        gate.release.set()
+        await solo
         (queued, done), = _events(runner, "encode-done", small)
-        assert done - queued <= 2 * 2 + 1  # R·L steps (+1: it was queued mid-step), R = 2 requests, L = 2 lanes
-        assert len(_events(runner, "encode-done", large)) < len(large_segments)
-        solo = _fast()
+        assert done - queued <= 2 * 2 + 1  # R·L + 1 steps, R = 2 requests, L = 2 lanes
+        assert len([s for _, s in _events(runner, "encode-done", large) if s <= done]) <= 2
+        solo_runner = _fast()
         try:
-            expected = [(await solo.encode([1], split_lanes(t, lane), 8, 32)).payload for t in large_segments]
+            expected = [(await solo_runner.encode([1], split_lanes(t, lane), 8, 32)).payload for t in large_segments]
         finally:
-            solo.close()
+            solo_runner.close()
         assert [(await f).payload for f in flood] == expected
 
     try:
         asyncio.run(main())
     finally:
+        gate.release.set()
         runner.close()
 
 
@@ -268,25 +324,29 @@ def test_a_segment_whose_stream_fails_fails_alone_and_drops_its_rows_at_once(mon
         runner.close()
 
 
-def test_cancelling_a_running_decode_frees_its_rows_and_others_still_decode() -> None:
+def test_cancelling_a_running_decode_frees_its_rows_and_others_still_decode(monkeypatch: pytest.MonkeyPatch
+                                                                            ) -> None:
+    gate = _Gate()
+    gate.on_decoder(monkeypatch)
     lane = 60
     runner = _fast(max_rows=8)
     segments = _segments(2, 2, lane, seed=90)
 
     async def main() -> None:
         payloads = await _encode_all(runner, segments, lane)
-        doomed_request = object()
-        doomed = asyncio.ensure_future(runner.decode([1], [lane, lane], payloads[0], 8, 32, request=doomed_request))
-        await _until(lambda: bool(_events(runner, "decode-start", doomed_request)) and runner.live_rows() == 2)
+        doomed = asyncio.ensure_future(runner.decode([1], [lane, lane], payloads[0], 8, 32))
+        await _until(gate.reached.is_set)
+        assert runner.live_rows() == 2
         doomed.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await doomed
-        await _until(lambda: runner.live_jobs() == 0)
-        assert runner.live_rows() == 0
+        gate.release.set()
+        await _until(lambda: runner.live_jobs() == 0 and runner.live_rows() == 0)
         back = await runner.decode([1], [lane, lane], payloads[1], 8, 32)
         assert [t for x in back for t in x] == segments[1]
 
     try:
         asyncio.run(main())
     finally:
+        gate.release.set()
         runner.close()
