@@ -48,7 +48,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
-    """bf16 random weights for ``config`` (biases for every projection; only used ones are read)."""
+    """bf16 random weights for ``config``: q/k/v biases only for Qwen2 or ``attention_bias``
+    (drawn always, so the draws — and the recorded digests — do not depend on the flags), plus
+    o_proj's for a Llama ``attention_bias`` and the MLP's for ``mlp_bias``."""
     generator = torch.Generator().manual_seed(seed)
     h, inter, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -69,6 +71,17 @@ def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Ten
                     p + "self_attn.q_proj.bias": rand(q), p + "self_attn.k_proj.bias": rand(kv),
                     p + "self_attn.v_proj.bias": rand(kv), p + "mlp.gate_proj.weight": rand(inter, h),
                     p + "mlp.up_proj.weight": rand(inter, h), p + "mlp.down_proj.weight": rand(h, inter)}
+    qwen = config["architectures"] == ["Qwen2ForCausalLM"]
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        if not (qwen or config.get("attention_bias")):
+            for name in ("q_proj", "k_proj", "v_proj"):
+                del weights[p + f"self_attn.{name}.bias"]
+        if config.get("attention_bias") and not qwen:
+            weights[p + "self_attn.o_proj.bias"] = rand(h)
+        if config.get("mlp_bias"):
+            weights |= {p + "mlp.gate_proj.bias": rand(inter), p + "mlp.up_proj.bias": rand(inter),
+                        p + "mlp.down_proj.bias": rand(h)}
     return weights
 
 
