@@ -100,6 +100,9 @@ class ExactConfig:
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw.get('hidden_act')!r} is not supported (only silu)")
         _refuse_sliding_window(raw)
+        if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise UnsupportedModelError(f"partial_rotary_factor {raw['partial_rotary_factor']} is not supported "
+                                        "(RoPE over the whole head only)")
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         heads = int(raw["num_attention_heads"])
@@ -123,12 +126,21 @@ def _rope_scaling(rope: dict[str, Any], raw: dict[str, Any]) -> tables.RopeScali
         raise UnsupportedModelError(f"RoPE type {kind!r} is not supported (default, linear, dynamic, llama3)")
     if kind == "default":
         return tables.RopeScaling()
+    if "factor" not in rope:
+        raise UnsupportedModelError(f"RoPE type {kind!r} without a factor is not supported")
     factor = float(rope["factor"])
-    original = int(rope.get("original_max_position_embeddings") or raw.get("max_position_embeddings") or 0)
+    longest = int(raw.get("max_position_embeddings") or 0)
     if kind == "llama3":
         return tables.RopeScaling("llama3", factor, float(rope.get("low_freq_factor", 1.0)),
-                                  float(rope.get("high_freq_factor", 4.0)), original)
-    return tables.RopeScaling(kind, factor, original_max_positions=original)
+                                  float(rope.get("high_freq_factor", 4.0)),
+                                  int(rope["original_max_position_embeddings"]))
+    if kind == "dynamic":
+        if not longest:
+            raise UnsupportedModelError("dynamic RoPE scaling needs max_position_embeddings")
+        return tables.RopeScaling("dynamic", factor, original_max_positions=int(rope.get("max_trained_positions",
+                                                                                          longest)),
+                                  max_positions=longest)
+    return tables.RopeScaling(kind, factor)
 
 
 def _refuse_sliding_window(raw: dict[str, Any]) -> None:

@@ -95,17 +95,20 @@ def _cos_sin(angle: Decimal) -> tuple[Decimal, Decimal]:
 class RopeScaling:
     """A checkpoint's RoPE scaling, as Hugging Face configs and vLLM define it.
 
-    ``default``: none; ``linear``: every frequency ÷ ``factor``; ``dynamic``: the NTK-aware base
-    vLLM serves (``DynamicNTKScalingRotaryEmbedding``: one fixed base for a context of
-    ``factor · original_max_positions``); ``llama3``: Llama 3.1/3.2's per-wavelength blend of the
-    plain and the ÷ ``factor`` frequencies. Numbers are kept as the config wrote them (``repr`` of
-    the float) and turned into decimals, so the tables depend on nothing but the config."""
+    ``default``: none; ``linear``: every frequency ÷ ``factor``; ``dynamic``: the fixed NTK-aware
+    base vLLM 0.32 serves (``DynamicNTKScalingRotaryEmbedding``: ``theta · (factor · max_positions /
+    original_max_positions − (factor − 1)) ** (dim / (dim − 2))``, ``original_max_positions`` being
+    ``max_trained_positions``, which defaults to ``max_positions``); ``llama3``: Llama 3.1/3.2's
+    per-wavelength blend of the plain and the ÷ ``factor`` frequencies. Numbers are kept as the
+    config wrote them (``repr`` of the float) and turned into decimals, so the tables depend on
+    nothing but the config."""
 
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 0
+    max_positions: int = 0
 
 
 def _dec(x: float) -> Decimal:
@@ -119,9 +122,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling = Rope
         log_theta = _dec(theta).ln()
         factor = _dec(scaling.factor)
         if scaling.kind == "dynamic":
-            # vLLM: base · ((factor · max_len / max_pos) − (factor − 1)) ** (dim / (dim − 2)),
-            # with max_len = factor · max_pos
-            log_theta += Decimal(head_dim) / Decimal(head_dim - 2) * (factor * factor - factor + 1).ln()
+            ratio = factor * scaling.max_positions / Decimal(scaling.original_max_positions) - (factor - 1)
+            log_theta += Decimal(head_dim) / Decimal(head_dim - 2) * ratio.ln()
         plain = [(-(Decimal(2 * j) / head_dim) * log_theta).exp() for j in range(head_dim // 2)]
         if scaling.kind == "linear":
             return [f / factor for f in plain]
