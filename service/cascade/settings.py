@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     enable_codec: bool = Field(True, description="Serve the exact codec (/compress, /decompress).")
     codec_max_rows: int = Field(
         32, ge=1, le=1024, description="Lanes the exact codec decodes together (KV-cache rows; a segment's lanes "
-        "always decode together even if they are more). Memory: rows × positions × 48 KiB for the default model."
+        "always decode together even if they are more). Memory: rows × positions × 24 KiB for the default model."
     )
     codec_prefill_tokens: int = Field(8192, ge=64, description="Tokens per compression chunk (one batched prefill; "
                                       "one chunk runs between two decode steps).")
@@ -68,6 +68,9 @@ class Settings(BaseSettings):
         "while rows × positions × bytes per position fit; one that never fits is refused (400)."
     )
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
+    codec_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the exact codec computes (auto: the engines' device). Every device gives the "
+        "same integers, so containers cross between CPU and GPU services.")
     codec_segments_in_flight: int = Field(8, ge=1, description="Segments of one request coded concurrently.")
     codec_top_k: int = Field(1024, ge=1, le=1024, description="Default top-k of the codec distribution.")
     codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")

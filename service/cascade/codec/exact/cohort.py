@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact.model import ExactConfig, ExactLlama, KVCache
+from cascade.codec.exact import model as exact_model
+from cascade.codec.exact.model import ExactLlama, KVCache
 
 GROW_POSITIONS = 64
 
 
-def bytes_per_row_position(config: ExactConfig) -> int:
-    """Bytes one cached position of one row takes (every layer's key and value)."""
-    probe = KVCache.allocate(1, 1, config.num_layers, config.num_kv_heads, config.head_dim)
-    return sum(t.element_size() * t.numel() for t in (*probe.keys, *probe.values))
+def bytes_per_row_position(model: ExactLlama) -> int:
+    """Bytes one cached position of one row takes (every layer's key and value, the model's dtype)."""
+    return exact_model.bytes_per_row_position(model.config, model.cache_dtype)
 
 
 def _resize(cache: KVCache, rows: torch.Tensor | None, capacity: int) -> KVCache:
@@ -41,19 +41,13 @@ def _resize(cache: KVCache, rows: torch.Tensor | None, capacity: int) -> KVCache
     return KVCache([one(k) for k in cache.keys], [one(v) for v in cache.values], lengths)
 
 
-def _append(cache: KVCache, other: KVCache) -> KVCache:
-    return KVCache([torch.cat([a, b]) for a, b in zip(cache.keys, other.keys, strict=True)],
-                   [torch.cat([a, b]) for a, b in zip(cache.values, other.values, strict=True)],
-                   torch.cat([cache.lengths, other.lengths]))
-
-
-def _copy_prefix(cache: KVCache, src: int, dst: list[int], length: int) -> None:
-    if not dst:
-        return
-    index = torch.tensor(dst)
-    for t in (*cache.keys, *cache.values):
-        t[index, :, :length] = t[src, :, :length].clone()
-    cache.lengths[index] = int(cache.lengths[src])
+def _copy_prefix(cache: KVCache, src: int, dst: torch.Tensor, length: int) -> None:
+    """Row ``src``'s first ``length`` positions into rows ``dst`` (as ``KVCache.copy_prefix``, but
+    reading a copy: torch refuses an index-put whose source views the written tensor)."""
+    for tensors in (cache.keys, cache.values):
+        for t in tensors:
+            t[dst, :, :length] = t[src, :, :length].clone()
+    cache.lengths[dst] = length
 
 
 class Cohort:
@@ -81,6 +75,7 @@ class Cohort:
         return max(self.needs, default=0)
 
     def nbytes(self) -> int:
+        """Bytes of the cached keys and values (what the budget counts)."""
         if self.cache is None:
             return 0
         return sum(t.element_size() * t.numel() for t in (*self.cache.keys, *self.cache.values))
@@ -91,25 +86,29 @@ class Cohort:
         last hidden state."""
         if not segments:
             return
-        c = self.model.config
+        device = self.model.device
         prompts = [prompt for _, prompt, _, _ in segments]
         width = max(self.capacity, max(len(p) for p in prompts))
         if self.cache is not None and width > self.capacity:
             self.cache = _resize(self.cache, None, width)
         count = sum(len(lanes) for _, _, lanes, _ in segments)
-        fresh = KVCache.allocate(count, width, c.num_layers, c.num_kv_heads, c.head_dim)
+        fresh = self.model.allocate_cache(count, width)
         firsts, row = [], 0
         for _, _, lanes, _ in segments:
             firsts.append(row)
             row += len(lanes)
         hidden = self.model.prefill(prompts, fresh, firsts)
-        ends = torch.cumsum(torch.tensor([len(p) for p in prompts]), 0) - 1
+        ends = torch.cumsum(torch.tensor([len(p) for p in prompts], device=device), 0) - 1
         last = hidden[ends]
         for first, (_, prompt, lanes, _) in zip(firsts, segments, strict=True):
-            _copy_prefix(fresh, first, list(range(first + 1, first + len(lanes))), len(prompt))
-        repeats = torch.tensor([len(lanes) for _, _, lanes, _ in segments])
+            if len(lanes) > 1:
+                _copy_prefix(fresh, first, torch.arange(first + 1, first + len(lanes), device=device), len(prompt))
+        repeats = torch.tensor([len(lanes) for _, _, lanes, _ in segments], device=device)
         fresh_hidden = last.repeat_interleave(repeats, dim=0)
-        self.cache = fresh if self.cache is None else _append(self.cache, fresh)
+        if self.cache is None:
+            self.cache = fresh
+        else:
+            self.cache.append(fresh)
         self.hidden = fresh_hidden if self.hidden is None else torch.cat([self.hidden, fresh_hidden])
         for owner, _, lanes, need in segments:
             self.owners += [owner] * len(lanes)
@@ -125,7 +124,7 @@ class Cohort:
             self.owners, self.lanes, self.needs = [], [], []
             return
         assert self.cache is not None and self.hidden is not None
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.model.device)
         self.owners = [self.owners[i] for i in keep]
         self.lanes = [self.lanes[i] for i in keep]
         self.needs = [self.needs[i] for i in keep]

@@ -26,6 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from cascade.codec.exact.tables import exact_context
+
 Q_BITS = 16
 D_MAX = 32 << Q_BITS
 WEIGHT_BITS = 31
@@ -36,21 +38,26 @@ _COARSE_SHIFT = 6
 def _exp_entries(step_units: int, count: int) -> list[int]:
     """``round(2**31 · e^(−i · step_units / 2**16))`` for ``i < count``, each computed on its own with
     ``decimal`` at 40 digits (correctly rounded, the same everywhere)."""
-    with localcontext() as ctx:
-        ctx.prec = 40
+    with localcontext(exact_context(40)):
         one = Decimal(1 << WEIGHT_BITS)
         scale = Decimal(1 << Q_BITS)
         return [int((one * (Decimal(-i * step_units) / scale).exp()).to_integral_value()) for i in range(count)]
 
 
 @functools.cache
-def _tables() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``HI`` (steps of 2**11 units), ``LO`` (steps of 1 unit) and the escape's ``C`` (steps of 2**6)."""
+def _entries() -> tuple[list[int], list[int], list[int]]:
     hi = _exp_entries(1 << _LO_BITS, (D_MAX >> _LO_BITS) + 1)
     lo = _exp_entries(1, 1 << _LO_BITS)
     coarse = _exp_entries(1 << _COARSE_SHIFT, (D_MAX >> _COARSE_SHIFT) + 1)
-    return (torch.tensor(hi, dtype=torch.int64), torch.tensor(lo, dtype=torch.int64),
-            torch.tensor(coarse, dtype=torch.int64))
+    return hi, lo, coarse
+
+
+@functools.cache
+def _tables(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``HI`` (steps of 2**11 units), ``LO`` (steps of 1 unit) and the escape's ``C`` (steps of 2**6)."""
+    hi, lo, coarse = _entries()
+    return (torch.tensor(hi, dtype=torch.int64, device=device), torch.tensor(lo, dtype=torch.int64, device=device),
+            torch.tensor(coarse, dtype=torch.int64, device=device))
 
 
 def id_bits(vocab_size: int) -> int:
@@ -58,7 +65,8 @@ def id_bits(vocab_size: int) -> int:
 
 
 def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids (N, k), cdf (N, k + 2))``: top-k ids in canonical order, and the CDF of k + escape symbols."""
+    """``(ids (N, k), cdf (N, k + 2))``: top-k ids in canonical order, and the CDF of k + escape symbols,
+    on ``logits``' device (int64 arithmetic only: the same integers on every device)."""
     n_rows, vocab = logits.shape
     if not 1 <= top_k < vocab:
         raise ValueError(f"top_k must lie in [1, {vocab})")
@@ -66,11 +74,12 @@ def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> t
         raise ValueError(f"{top_k + 1} symbols do not fit {precision_bits}-bit frequencies")
     if vocab > 1 << 21:
         raise ValueError("vocabularies above 2**21 ids are not supported")
-    hi, lo, coarse = _tables()
+    device = logits.device
+    hi, lo, coarse = _tables(str(device))
     bits = id_bits(vocab)
     z = logits.clamp(-(1 << 36), 1 << 36)
     top_z = z.amax(dim=1, keepdim=True)
-    key = z * (1 << bits) + torch.arange(vocab - 1, -1, -1, dtype=torch.int64)  # |key| < 2**57
+    key = z * (1 << bits) + torch.arange(vocab - 1, -1, -1, dtype=torch.int64, device=device)  # |key| < 2**57
     top = torch.topk(key, top_k, dim=1, sorted=True).values
     ids = (vocab - 1) - (top & ((1 << bits) - 1))
     d_top = (top_z - (top >> bits)).clamp(max=D_MAX)
@@ -85,8 +94,8 @@ def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> t
     u_total = u.sum(dim=1, keepdim=True)
     n = top_k + 1
     spare = (1 << precision_bits) - n
-    cdf = torch.zeros(n_rows, n + 1, dtype=torch.int64)
-    cdf[:, 1:] = torch.arange(1, n + 1) + (torch.cumsum(u, dim=1) * spare) // u_total  # < 2**32 · 2**31
+    cdf = torch.zeros(n_rows, n + 1, dtype=torch.int64, device=device)
+    cdf[:, 1:] = torch.arange(1, n + 1, device=device) + (torch.cumsum(u, dim=1) * spare) // u_total  # < 2**32 · 2**31
     return ids, cdf
 
 

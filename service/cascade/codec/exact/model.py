@@ -26,8 +26,10 @@ bit-identical logits in prefill and in decode steps, alone or among other rows.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ _FP64_EXACT = 1 << 53
 _QK_BITS = 10
 _V_BITS = 10
 _QUERY_BLOCK = 128
+_SCORE_ELEMENTS = 1 << 22
 _MASKED = -float(1 << 60)
 
 
@@ -82,9 +85,11 @@ class ExactConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_linear_factor: float
+    rope_scaling: tables.RopeScaling
     tie_word_embeddings: bool
-    attention_bias: bool
+    qkv_bias: bool
+    o_bias: bool = False
+    mlp_bias: bool = False
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ExactConfig:
@@ -94,68 +99,138 @@ class ExactConfig:
                                         f"this model is {arch}")
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw.get('hidden_act')!r} is not supported (only silu)")
+        _refuse_sliding_window(raw)
+        if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise UnsupportedModelError(f"partial_rotary_factor {raw['partial_rotary_factor']} is not supported "
+                                        "(RoPE over the whole head only)")
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "linear"):
-            raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported (default, linear)")
         theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
+        qwen = arch == "Qwen2ForCausalLM"
+        attention_bias = bool(raw.get("attention_bias", False))
         return cls(vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
                    intermediate_size=int(raw["intermediate_size"]), num_layers=int(raw["num_hidden_layers"]),
                    num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
                    head_dim=int(raw.get("head_dim") or hidden // heads),
                    rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-                   rope_linear_factor=float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,
+                   rope_scaling=_rope_scaling(rope, raw),
                    tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                   attention_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)))
+                   qkv_bias=qwen or attention_bias, o_bias=attention_bias and not qwen,
+                   mlp_bias=bool(raw.get("mlp_bias", False)))
+
+
+def _rope_scaling(rope: dict[str, Any], raw: dict[str, Any]) -> tables.RopeScaling:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "linear", "dynamic", "llama3"):
+        raise UnsupportedModelError(f"RoPE type {kind!r} is not supported (default, linear, dynamic, llama3)")
+    if kind == "default":
+        return tables.RopeScaling()
+    if "factor" not in rope:
+        raise UnsupportedModelError(f"RoPE type {kind!r} without a factor is not supported")
+    factor = float(rope["factor"])
+    longest = int(raw.get("max_position_embeddings") or 0)
+    if kind == "llama3":
+        return tables.RopeScaling("llama3", factor, float(rope.get("low_freq_factor", 1.0)),
+                                  float(rope.get("high_freq_factor", 4.0)),
+                                  int(rope["original_max_position_embeddings"]))
+    if kind == "dynamic":
+        if not longest:
+            raise UnsupportedModelError("dynamic RoPE scaling needs max_position_embeddings")
+        return tables.RopeScaling("dynamic", factor, original_max_positions=int(rope.get("max_trained_positions",
+                                                                                          longest)),
+                                  max_positions=longest)
+    return tables.RopeScaling(kind, factor)
+
+
+def _refuse_sliding_window(raw: dict[str, Any]) -> None:
+    """Sliding-window attention changes which keys a query sees; the exact path attends to the whole
+    context, so such a checkpoint would run as a different model: refuse it with the reason."""
+    window = raw.get("sliding_window")
+    sliding_layers = [t for t in raw.get("layer_types") or [] if t != "full_attention"]
+    if sliding_layers:
+        raise UnsupportedModelError(f"layer types {sorted(set(sliding_layers))} are not supported "
+                                    "(the exact codec runs full attention only)")
+    if window is None or raw.get("use_sliding_window", True) is False:
+        return
+    limit = raw.get("max_position_embeddings")
+    if limit is None or int(window) < int(limit):
+        raise UnsupportedModelError(f"sliding-window attention (sliding_window={window}, max_position_embeddings="
+                                    f"{limit}) is not supported: the exact codec attends to the whole context")
+
+
+@functools.cache
+def _scalar(value: float, device: str) -> torch.Tensor:
+    """A float64 0-dim tensor on ``device``: dividing by it is a true IEEE division on every device
+    (CUDA turns ``tensor / python_scalar`` into a multiplication by the reciprocal)."""
+    return torch.tensor(value, dtype=torch.float64, device=device)
 
 
 class QuantLinear:
-    """``y ≈ x Wᵀ (+ b)`` with int8 weights per output channel and per-token activation integers."""
+    """``y ≈ x Wᵀ (+ b)`` with int8 weights per output channel and per-token activation integers.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float) -> None:
-        w = weight.to(torch.float64)
+    The weights are stored as int8 ``(in, out)``; each GEMM converts one piece of ≤ 1,040 input
+    rows to float32 on the fly (int8 values are exact in float32) so the stored model stays at one
+    byte per weight. The output layer's int16 activations are split as ``hi·2**8 + lo`` with
+    ``|hi|, |lo| ≤ 128``, two float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24),
+    recombined exactly in float64: the same integer sum as a float64 GEMM, at float32 speed."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float,
+                 device: torch.device) -> None:
+        w = weight.to(device="cpu", dtype=torch.float64)
         amax = w.abs().amax(dim=1)
         amax = torch.where(amax > 0, amax, torch.ones_like(amax))
         self.out_features, self.in_features = w.shape
         self.act_max = act_max
-        self.scale = amax / _ACT8
+        self.scale = (amax / _scalar(_ACT8, "cpu")).to(device)
         q = rint(w * _ACT8 / amax[:, None])
-        bound = act_max * _ACT8
-        if bound * self.in_features < _FP32_EXACT:
-            self.dtype, self.pieces = torch.float32, [(0, self.in_features)]
-        elif act_max == _ACT8:
-            step = int((_FP32_EXACT - 1) // bound)
-            self.dtype = torch.float32
-            self.pieces = [(i, min(i + step, self.in_features)) for i in range(0, self.in_features, step)]
-        else:
-            if bound * self.in_features >= _FP64_EXACT:
+        if act_max == _ACT8:
+            product = _ACT8 * _ACT8
+        elif act_max == _ACT16:
+            product = (_ACT8 + 1) * _ACT8
+            if act_max * _ACT8 * self.in_features >= _FP64_EXACT:
                 raise UnsupportedModelError(f"a {self.in_features}-term reduction is too long for exact float64 sums")
-            self.dtype, self.pieces = torch.float64, [(0, self.in_features)]
-        self.weight_t = [q[:, a:b].t().contiguous().to(self.dtype) for a, b in self.pieces]
-        self.bias = None if bias is None else bias.to(torch.float64)
+        else:
+            raise ValueError(f"activations of ±{act_max} are not supported")
+        step = int((_FP32_EXACT - 1) // product)
+        self.pieces = [(i, min(i + step, self.in_features)) for i in range(0, self.in_features, step)]
+        self.weight = q.t().contiguous().to(torch.int8).to(device)
+        self.device = device
+        self._act = _scalar(act_max, str(device))
+        self._one = _scalar(1.0, str(device))
+        self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         amax = x.abs().amax(dim=1, keepdim=True)
-        step = torch.where(amax > 0, amax, torch.ones_like(amax)) / self.act_max
-        m = rint_(x / step).to(self.dtype)  # |x / step| ≤ act_max
+        step = torch.where(amax > 0, amax, self._one) / self._act
+        m = rint_(x / step)  # |x / step| ≤ act_max
+        rows = m.shape[0]
+        if self.act_max == _ACT16:
+            hi = rint_(m * 2.0**-8)
+            m = torch.cat([hi, m - hi * 256.0])
+        m32 = m.to(torch.float32)
         acc: torch.Tensor | None = None
-        for (a, b), w in zip(self.pieces, self.weight_t, strict=True):
-            part = (m[:, a:b] @ w).to(torch.float64)
+        for a, b in self.pieces:
+            part = (m32[:, a:b] @ self.weight[a:b].to(torch.float32)).to(torch.float64)
+            if self.act_max == _ACT16:
+                part = part[:rows] * 256.0 + part[rows:]
             acc = part if acc is None else acc + part
         assert acc is not None
         y = acc * (step * self.scale[None, :])
         return y if self.bias is None else y + self.bias
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
+
 
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm whose mean square is an exact sum (of the row scaled to int16 integers)."""
+    device = str(x.device)
     amax = x.abs().amax(dim=1, keepdim=True)
-    amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-    step = amax / _ACT16
+    amax = torch.where(amax > 0, amax, _scalar(1.0, device))
+    step = amax / _scalar(_ACT16, device)
     xi = rint(x / step)
-    mean_square = (xi * xi).sum(dim=1, keepdim=True) / x.shape[1] * (step * step)
+    mean_square = (xi * xi).sum(dim=1, keepdim=True) / _scalar(float(x.shape[1]), device) * (step * step)
     return x / torch.sqrt(mean_square + eps) * gain
 
 
@@ -166,67 +241,157 @@ def silu(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return x * table[index]
 
 
+def bytes_per_row_position(config: ExactConfig, dtype: torch.dtype = torch.int32) -> int:
+    """KV-cache bytes one row needs per position (keys and values of every layer), for admission."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+
+
 @dataclass
 class KVCache:
-    """Per layer: keys and values (fixed-point integers held in float64), (rows, kv_heads, length, head_dim)."""
+    """Per layer: keys and values as fixed-point integers, ``(rows, kv_heads, capacity, head_dim)``.
+
+    Integers in int32 (every clamp bound of the model fits; ``ExactLlama.cache_dtype`` says which
+    dtype a model needs — int64 only for contexts under 64 positions). Row ``r`` holds
+    ``lengths[r]`` valid positions; everything past them is ignored (masked) by attention."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     lengths: torch.Tensor
 
     @classmethod
-    def allocate(cls, rows: int, length: int, layers: int, kv_heads: int, head_dim: int) -> KVCache:
+    def allocate(cls, rows: int, length: int, layers: int, kv_heads: int, head_dim: int,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.int32) -> KVCache:
         shape = (rows, kv_heads, length, head_dim)
-        return cls([torch.zeros(shape, dtype=torch.float64) for _ in range(layers)],
-                   [torch.zeros(shape, dtype=torch.float64) for _ in range(layers)],
-                   torch.zeros(rows, dtype=torch.int64))
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+                   torch.zeros(rows, dtype=torch.int64, device=device))
+
+    bytes_per_row_position = staticmethod(bytes_per_row_position)
+
+    @property
+    def rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys[0].shape[2]) if self.keys else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.lengths.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys[0].dtype if self.keys else torch.int32
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache's tensors."""
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values, self.lengths])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Drop every row not in ``rows`` (finished sequences), so steps touch only live ones."""
+        rows = rows.to(self.device)
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
         self.lengths = self.lengths[rows]
 
+    def append(self, other: KVCache) -> None:
+        """Add ``other``'s rows after this cache's rows (a segment joining a running cohort); the
+        capacity becomes the larger of the two, the shorter side padded with unused positions."""
+        if len(other.keys) != len(self.keys) or other.dtype != self.dtype or other.device != self.device:
+            raise ValueError("caches of different layers, dtype or device cannot be joined")
+        if self.keys and other.keys[0].shape[1::2] != self.keys[0].shape[1::2]:
+            raise ValueError("caches of different head shapes cannot be joined")
+        capacity = max(self.capacity, other.capacity)
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            extra = capacity - t.shape[2]
+            if not extra:
+                return t
+            return torch.cat([t, t.new_zeros((t.shape[0], t.shape[1], extra, t.shape[3]))], dim=2)
+
+        self.keys = [torch.cat([pad(a), pad(b)]) for a, b in zip(self.keys, other.keys, strict=True)]
+        self.values = [torch.cat([pad(a), pad(b)]) for a, b in zip(self.values, other.values, strict=True)]
+        self.lengths = torch.cat([self.lengths, other.lengths])
+
+    def copy_prefix(self, src_row: int, dst_rows: torch.Tensor, length: int) -> None:
+        """Copy row ``src_row``'s first ``length`` positions into every row of ``dst_rows`` and set
+        their lengths to ``length``: a segment's shared context, computed once, for each lane."""
+        if not 0 <= length <= int(self.lengths[src_row]):
+            raise ValueError(f"row {src_row} holds {int(self.lengths[src_row])} positions, not {length}")
+        dst = dst_rows.to(device=self.device, dtype=torch.int64)
+        for tensors in (self.keys, self.values):
+            for t in tensors:
+                t[dst, :, :length] = t[src_row, :, :length]
+        self.lengths[dst] = length
+
 
 class ExactLlama:
-    """The exact forward pass: ``prefill`` (whole sequences) and ``step`` (one token per cached row)."""
+    """The exact forward pass: ``prefill`` (whole sequences) and ``step`` (one token per cached row).
 
-    def __init__(self, config: ExactConfig, weights: dict[str, torch.Tensor], max_positions: int) -> None:
+    ``device``: where every tensor of the decision path lives (``cpu`` or ``cuda``); the integers
+    are the same on each (the op audit, ``exact.audit``, lists every operation and why)."""
+
+    def __init__(self, config: ExactConfig, weights: dict[str, torch.Tensor], max_positions: int,
+                 device: torch.device | str = "cpu") -> None:
         self.config = config
         self.max_positions = max_positions
+        self.device = torch.device(device)
+        self.trace: Callable[[str, torch.Tensor], None] | None = None
         c = config
-        self.embed = weights["model.embed_tokens.weight"].to(torch.float64)
+        dev = self.device
+        used: set[str] = set()
+
+        def take(name: str) -> torch.Tensor:
+            used.add(name)
+            return weights[name]
+
+        def vector(name: str) -> torch.Tensor:
+            return take(name).to(device=dev, dtype=torch.float64)
+
+        embed = take("model.embed_tokens.weight")
+        self.embed = embed.to(dev)  # the checkpoint's own dtype; rows become float64 exactly on lookup
         self.layers: list[dict[str, Any]] = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
 
-            def linear(name: str, act: float = _ACT8, bias: bool = False, prefix: str = p) -> QuantLinear:
-                return QuantLinear(weights[prefix + name + ".weight"],
-                                   weights.get(prefix + name + ".bias") if bias else None, act)
+            def linear(name: str, bias: bool, prefix: str = p) -> QuantLinear:
+                return QuantLinear(take(prefix + name + ".weight"), take(prefix + name + ".bias") if bias else None,
+                                   _ACT8, dev)
 
             self.layers.append({
-                "attn_norm": weights[p + "input_layernorm.weight"].to(torch.float64),
-                "mlp_norm": weights[p + "post_attention_layernorm.weight"].to(torch.float64),
-                "q": linear("self_attn.q_proj", bias=c.attention_bias),
-                "k": linear("self_attn.k_proj", bias=c.attention_bias),
-                "v": linear("self_attn.v_proj", bias=c.attention_bias),
-                "o": linear("self_attn.o_proj"), "gate": linear("mlp.gate_proj"), "up": linear("mlp.up_proj"),
-                "down": linear("mlp.down_proj")})
-        self.final_norm = weights["model.norm.weight"].to(torch.float64)
-        head = weights["model.embed_tokens.weight"] if c.tie_word_embeddings else weights["lm_head.weight"]
-        self.lm_head = QuantLinear(head, None, _ACT16)
-        cos, sin = tables.rope_tables(c.head_dim, c.rope_theta, max_positions, c.rope_linear_factor)
-        self.cos = torch.from_numpy(cos)
-        self.sin = torch.from_numpy(sin)
-        self.att_exp = torch.from_numpy(tables.attention_exp_table())
-        self.sigmoid = torch.from_numpy(tables.sigmoid_table())
+                "attn_norm": vector(p + "input_layernorm.weight"),
+                "mlp_norm": vector(p + "post_attention_layernorm.weight"),
+                "q": linear("self_attn.q_proj", c.qkv_bias), "k": linear("self_attn.k_proj", c.qkv_bias),
+                "v": linear("self_attn.v_proj", c.qkv_bias), "o": linear("self_attn.o_proj", c.o_bias),
+                "gate": linear("mlp.gate_proj", c.mlp_bias), "up": linear("mlp.up_proj", c.mlp_bias),
+                "down": linear("mlp.down_proj", c.mlp_bias)})
+        self.final_norm = vector("model.norm.weight")
+        head = embed if c.tie_word_embeddings else take("lm_head.weight")
+        self.lm_head = QuantLinear(head, None, _ACT16, dev)
+        unused = sorted(k for k in weights if k not in used and not k.endswith("rotary_emb.inv_freq")
+                        and not (c.tie_word_embeddings and k == "lm_head.weight"))
+        if unused:
+            raise UnsupportedModelError(f"the checkpoint holds weights the exact codec would ignore: {unused[:4]}")
+        cos, sin = tables.rope_tables(c.head_dim, c.rope_theta, max_positions, c.rope_scaling)
+        self.cos = torch.from_numpy(cos).to(dev)
+        self.sin = torch.from_numpy(sin).to(dev)
+        self.att_exp = torch.from_numpy(tables.attention_exp_table()).to(dev)
+        self.sigmoid = torch.from_numpy(tables.sigmoid_table()).to(dev)
         # |p| ≤ 2**16 times |v| over max_positions terms must stay below 2**53.
         self.v_limit = float(min(1 << 40, (_FP64_EXACT - 1) // ((1 << tables.ATT_ONE_BITS) * max_positions)))
         self.qk_limit = float(min(1 << 40, math.isqrt((_FP64_EXACT - 1) // c.head_dim)))
+        self.cache_dtype = torch.int32 if max(self.v_limit, self.qk_limit) < 2**31 else torch.int64
         self.score_to_grid = float(1 << tables.ATT_GRID_BITS) / (float(1 << (2 * _QK_BITS)) * math.sqrt(c.head_dim))
+        self._v_unit = _scalar(float(1 << _V_BITS), str(dev))
+        if dev.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, max_positions: int) -> ExactLlama:
+    def from_pretrained(cls, path: str | Path, max_positions: int, device: torch.device | str = "cpu"
+                        ) -> ExactLlama:
         from safetensors.torch import load_file
 
         root = Path(path)
@@ -237,9 +402,35 @@ class ExactLlama:
             raise UnsupportedModelError(f"no .safetensors weights in {root}")
         for file in files:
             weights.update(load_file(str(file)))
-        return cls(config, weights, max_positions)
+        return cls(config, weights, max_positions, device)
+
+    def allocate_cache(self, rows: int, length: int) -> KVCache:
+        """A KV cache for this model: its device and the integer dtype its clamp bounds need."""
+        c = self.config
+        return KVCache.allocate(rows, length, c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.cache_dtype)
+
+    def nbytes(self) -> int:
+        """Bytes of the model's tensors (weights, scales, tables) — the memory the codec role adds."""
+        linears = [self.lm_head, *(x for layer in self.layers for x in layer.values() if isinstance(x, QuantLinear))]
+        vectors = [self.embed, self.final_norm, self.cos, self.sin, self.att_exp, self.sigmoid,
+                   *(x for layer in self.layers for x in layer.values() if isinstance(x, torch.Tensor))]
+        return sum(q.nbytes() for q in linears) + sum(t.numel() * t.element_size() for t in vectors)
 
     # -- pieces -----------------------------------------------------------------------------------
+    def _check(self) -> None:
+        """The decision path's matrix products must run at full IEEE precision (no TF32, no bf16
+        inner products): the global switches are checked on every pass, not assumed."""
+        if self.device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32):
+            raise RuntimeError("TF32 matrix products are enabled: the exact codec needs them off")
+        if torch.get_float32_matmul_precision() != "highest":
+            raise RuntimeError("float32 matmul precision is not 'highest': the exact codec needs IEEE float32 GEMMs")
+
+    def _check_cache(self, cache: KVCache) -> None:
+        if cache.device != self.device:
+            raise ValueError(f"the KV cache is on {cache.device}, the model on {self.device}")
+        if cache.dtype == torch.int32 and self.cache_dtype != torch.int32:
+            raise ValueError("this model's clamp bounds need an int64 KV cache (allocate_cache)")
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate-half RoPE of ``x`` (tokens, heads, head_dim), then onto the 2**-10 grid, clamped."""
         half = self.config.head_dim // 2
@@ -257,8 +448,8 @@ class ExactLlama:
         return rint(v * float(1 << _V_BITS)).clamp_(-self.v_limit, self.v_limit)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, invalid: torch.Tensor | None) -> torch.Tensor:
-        """q (…, Lq, D), k/v (…, Lk, D) fixed-point integers; ``invalid`` (broadcastable to the scores'
-        last ``invalid.shape[-1]`` keys) marks keys a query must not see. Returns (…, Lq, D).
+        """q (…, Lq, D), k/v (…, Lk, D) fixed-point integers in float64; ``invalid`` (broadcastable to
+        the scores' last ``invalid.shape[-1]`` keys) marks keys a query must not see. Returns (…, Lq, D).
 
         Masked scores become −2**60 (below any real score, |score| < 2**53), so their index saturates
         at the table's last entry, 0."""
@@ -269,16 +460,23 @@ class ExactLlama:
         last = float(self.att_exp.shape[0] - 1)
         index = rint_(torch.sub(top, scores, out=scores).mul_(self.score_to_grid).clamp_(max=last))
         p = self.att_exp[index.to(torch.int64)]
-        return (p @ v) / (p.sum(dim=-1, keepdim=True) * float(1 << _V_BITS))
+        return (p @ v) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal self-attention of one sequence, (heads, L, D), in query blocks that see only their prefix."""
-        n = q.shape[1]
+        """Causal self-attention of one sequence: q (kv_heads, group, L, D), k/v (kv_heads, L, D).
+
+        Queries go in blocks that see only their prefix; a block's queries of every head of a group
+        are one matrix ``(kv_heads, group·block, D)`` against the shared keys, so grouped-query
+        attention copies no keys, and a block holds at most ``_SCORE_ELEMENTS`` scores."""
+        heads, group, n, dim = q.shape
         out = torch.empty_like(q)
-        for a in range(0, n, _QUERY_BLOCK):
-            b = min(n, a + _QUERY_BLOCK)
-            invalid = torch.ones(b - a, b - a, dtype=torch.bool).triu_(1)
-            out[:, a:b] = self._attend(q[:, a:b], k[:, :b], v[:, :b], invalid)
+        block = max(1, min(_QUERY_BLOCK, _SCORE_ELEMENTS // max(1, q.shape[0] * group * n)))
+        for a in range(0, n, block):
+            b = min(n, a + block)
+            invalid = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).triu_(1)
+            qb = q[:, :, a:b].reshape(heads, group * (b - a), dim)
+            mask = invalid.repeat(group, 1)
+            out[:, :, a:b] = self._attend(qb, k[:, :b], v[:, :b], mask).view(heads, group, b - a, dim)
         return out
 
     def _mlp(self, layer: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
@@ -295,10 +493,12 @@ class ExactLlama:
         v = self._values(layer["v"](h).view(n, c.num_kv_heads, c.head_dim))
         return q, k, v
 
-    def _expand(self, kv: torch.Tensor) -> torch.Tensor:
-        """(…, kv_heads, L, D) → (…, heads, L, D) for grouped-query attention."""
-        group = self.config.num_heads // self.config.num_kv_heads
-        return kv if group == 1 else kv.repeat_interleave(group, dim=-3)
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed[tokens].to(torch.float64)
+
+    def _traced(self, name: str, x: torch.Tensor) -> None:
+        if self.trace is not None:
+            self.trace(name, x)
 
     # -- passes -----------------------------------------------------------------------------------
     def prefill(self, sequences: list[list[int]], cache: KVCache | None = None,
@@ -307,53 +507,71 @@ class ExactLlama:
 
         With ``cache``, sequence ``i`` is written to cache row ``rows[i]`` (its positions 0…len-1).
         """
+        self._check()
         c = self.config
+        dev = self.device
+        group = c.num_heads // c.num_kv_heads
         lengths = [len(s) for s in sequences]
         if min(lengths) < 1 or max(lengths) > self.max_positions:
             raise ValueError(f"sequences must hold 1…{self.max_positions} tokens")
-        tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.int64)
-        positions = torch.cat([torch.arange(n) for n in lengths])
-        x = self.embed[tokens]
+        if cache is not None:
+            self._check_cache(cache)
+        tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.int64, device=dev)
+        positions = torch.cat([torch.arange(n, device=dev) for n in lengths])
+        x = self._embed(tokens)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, positions)
-            out = torch.empty(x.shape[0], c.num_heads, c.head_dim, dtype=torch.float64)
+            out = torch.empty(x.shape[0], c.num_heads, c.head_dim, dtype=torch.float64, device=dev)
             start = 0
             for si, n in enumerate(lengths):
-                qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
-                out[start:start + n] = self._causal(qs, self._expand(ks), self._expand(vs)).transpose(0, 1)
+                qs = q[start:start + n].transpose(0, 1).reshape(c.num_kv_heads, group, n, c.head_dim)
+                ks, vs = (t[start:start + n].transpose(0, 1) for t in (k, v))
+                out[start:start + n] = self._causal(qs, ks, vs).view(c.num_heads, n, c.head_dim).transpose(0, 1)
                 if cache is not None and rows is not None:
                     cache.keys[li][rows[si], :, :n] = ks
                     cache.values[li][rows[si], :, :n] = vs
                 start += n
             x = x + layer["o"](out.reshape(x.shape[0], -1))
             x = x + self._mlp(layer, x)
+            self._traced(f"layer{li}", x)
         if cache is not None and rows is not None:
-            cache.lengths[torch.tensor(rows)] = torch.tensor(lengths)
+            cache.lengths[torch.tensor(rows, device=dev)] = torch.tensor(lengths, device=dev)
         return x
 
     def step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One token for every cache row at its next position; returns final hidden states."""
+        self._check()
+        self._check_cache(cache)
+        c = self.config
+        dev = self.device
+        group = c.num_heads // c.num_kv_heads
         positions = cache.lengths
         span = int(positions.max()) + 1
-        if span > cache.keys[0].shape[2]:
+        if span > cache.capacity:
             raise ValueError("a row's cache is full")
-        invalid = (torch.arange(span)[None, :] > positions[:, None])[:, None, None, :]
-        x = self.embed[tokens]
+        invalid = (torch.arange(span, device=dev)[None, :] > positions[:, None])[:, None, None, :]
+        x = self._embed(tokens.to(dev))
         n = x.shape[0]
-        at = torch.arange(n)
+        at = torch.arange(n, device=dev)
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, positions)
-            cache.keys[li][at, :, positions] = k
-            cache.values[li][at, :, positions] = v
-            keys = self._expand(cache.keys[li][:, :, :span])
-            values = self._expand(cache.values[li][:, :, :span])
-            out = self._attend(q[:, :, None, :], keys, values, invalid)
+            cache.keys[li][at, :, positions] = k.to(cache.dtype)
+            cache.values[li][at, :, positions] = v.to(cache.dtype)
+            keys = cache.keys[li][:, :, :span].to(torch.float64)
+            values = cache.values[li][:, :, :span].to(torch.float64)
+            out = self._attend(q.view(n, c.num_kv_heads, group, c.head_dim), keys, values, invalid)
             x = x + layer["o"](out.reshape(n, -1))
             x = x + self._mlp(layer, x)
+            self._traced(f"layer{li}", x)
         cache.lengths = positions + 1
         return x
 
+    def logits_before_rounding(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The float64 logits in units of 2**-16 just before ``rint`` (what the drift check digests)."""
+        self._check()
+        h = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
+        return self.lm_head(h) * float(1 << LOGIT_FRACTION_BITS)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Integer logits in units of 2**-16 (int64), from final hidden states."""
-        h = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
-        return rint(self.lm_head(h) * float(1 << LOGIT_FRACTION_BITS)).to(torch.int64)
+        return rint(self.logits_before_rounding(hidden)).to(torch.int64)

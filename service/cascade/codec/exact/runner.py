@@ -175,7 +175,7 @@ class ExactRunner:
         self.prefill_tokens = max(1, prefill_tokens)
         self.threads = threads
         self.kv_budget_bytes = kv_budget_bytes
-        self.row_position_bytes = bytes_per_row_position(model.config)
+        self.row_position_bytes = bytes_per_row_position(model)
         self.stats = RunnerStats()
         self._requests: dict[object, _Request] = {}
         self._arrivals = itertools.count()
@@ -475,8 +475,8 @@ class ExactRunner:
             groups.setdefault((job.top_k, job.precision_bits), []).append(i)
         for (top_k, precision), rows in groups.items():
             ids, cdf = frequency_tables(logits[rows], top_k, precision)
-            flat_ids = memoryview(np.ascontiguousarray(ids.numpy()).reshape(-1))
-            flat_cdf = memoryview(np.ascontiguousarray(cdf.numpy()).reshape(-1))
+            flat_ids = np.ascontiguousarray(ids.cpu().numpy()).reshape(-1).data
+            flat_cdf = np.ascontiguousarray(cdf.cpu().numpy()).reshape(-1).data
             for j, i in enumerate(rows):
                 where[i] = (flat_ids, flat_cdf, j * top_k, j * (top_k + 2))
         picked = [0] * n
@@ -555,21 +555,22 @@ class ExactRunner:
         starts = np.cumsum([0] + [len(s) for s in sequences[:-1]])
         picks = np.concatenate([start + len(job.prompt) - 1 + np.arange(len(lane))
                                 for start, (job, lane) in zip(starts, lanes, strict=True)])
-        hidden = hidden[torch.from_numpy(picks)]
-        wanted = torch.tensor([t for _, lane in lanes for t in lane], dtype=torch.int64)
+        device = hidden.device
+        hidden = hidden[torch.from_numpy(picks).to(device)]
+        wanted = torch.tensor([t for _, lane in lanes for t in lane], dtype=torch.int64, device=device)
         row_lane = np.repeat(np.arange(len(lanes)), [len(lane) for _, lane in lanes])
         row_settings = [(lanes[i][0].top_k, lanes[i][0].precision_bits) for i in row_lane]
-        low_all = torch.zeros(hidden.shape[0], dtype=torch.int64)
+        low_all = torch.zeros(hidden.shape[0], dtype=torch.int64, device=device)
         freq_all = torch.zeros_like(low_all)
         rank_all = torch.zeros_like(low_all)
-        bits_all = torch.zeros(hidden.shape[0], dtype=torch.float64)
+        bits_all = torch.zeros(hidden.shape[0], dtype=torch.float64, device=device)
         for a in range(0, hidden.shape[0], _LOGIT_ROWS):
             logits = self.model.logits(hidden[a:a + _LOGIT_ROWS])
             tokens = wanted[a:a + _LOGIT_ROWS]
             bits_all[a:a + tokens.shape[0]] = ideal_bits(logits, tokens)
             here = row_settings[a:a + _LOGIT_ROWS]
             for top_k, precision in set(here):
-                rows = torch.from_numpy(np.flatnonzero([x == (top_k, precision) for x in here]))
+                rows = torch.from_numpy(np.flatnonzero([x == (top_k, precision) for x in here])).to(device)
                 ids, cdf = frequency_tables(logits[rows], top_k, precision)
                 low, freq, rank = token_intervals(ids, cdf, tokens[rows], self.vocab_size)
                 low_all[rows + a], freq_all[rows + a], rank_all[rows + a] = low, freq, rank

@@ -1,0 +1,204 @@
+"""The reviewed allow-list of every aten operation the codec's decision path may run, and a recorder
+that checks a run against it.
+
+The exact model's portability rests on an argument per operation (why its result is the same bits
+on every CPU, GPU, thread count and instruction set). That argument lives here, beside the entry it
+justifies, and CI (``tests/unit/codec/test_exact_audit.py``) runs prefill, decode steps, logits and
+frequency tables of every model of the test matrix under ``OpAudit``: an op, an input dtype, a
+conversion, a Python-number operand or a device outside this list fails the build, so a new kernel
+cannot slip in unreviewed. ``docs/architecture.md`` carries the same table (``allow_list_markdown``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+F32, F64, I8, I32, I64, BF16, F16, BOOL = (torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
+                                            torch.bfloat16, torch.float16, torch.bool)
+_FP32_PIECE = 1040  # 127 · 127 · 1040 < 2**24 (and the output layer's 128 · 127 · 1032)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """One reviewed aten op: the tensor dtypes it may see, whether a Python number may be an operand,
+    an optional check of its arguments (returns the reason it is wrong, or None), and why it is exact."""
+
+    dtypes: frozenset[torch.dtype]
+    why: str
+    scalars: bool = False
+    check: Callable[[tuple[Any, ...], dict[str, Any]], str | None] | None = None
+
+
+def _mm_pieces(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    k = args[0].shape[-1]
+    return None if k <= _FP32_PIECE else f"a float32 product over {k} > {_FP32_PIECE} terms may round"
+
+
+_CASTS: dict[tuple[torch.dtype, torch.dtype], str] = {
+    (I8, F32): "int8 weights → float32: every int8 is exact",
+    (F64, F32): "activation integers (magnitude ≤ 128) → float32: exact",
+    (F32, F64): "GEMM partial sums (integers < 2**24), float32 checkpoint rows → float64: exact",
+    (BF16, F64): "embedding rows → float64: every bf16 is exact",
+    (F16, F64): "embedding rows → float64: every fp16 is exact",
+    (F64, I32): "fixed-point keys/values (integers within the int32 clamp) → int32 cache: exact",
+    (F64, I64): "rounded integers (magnitude ≤ 2**50) → int64 indices: exact",
+    (I32, F64): "cached integers → float64 for the score/value products: exact",
+    (I32, I64): "cached integers → int64: exact",
+    (I64, F64): "integer totals (< 2**53) → float64 for frexp: exact",
+    (F64, F64): "no conversion",
+    (I64, I64): "no conversion",
+}
+
+
+def _cast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    src, dst = args[0].dtype, kwargs.get("dtype", args[0].dtype)
+    return None if (src, dst) in _CASTS else f"conversion {src} → {dst} is not reviewed"
+
+
+def _copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    dst, src = args[0].dtype, args[1].dtype
+    return None if (src, dst) in _CASTS else f"copy {src} → {dst} is not reviewed"
+
+
+_MOVES = "moves, selects, creates or compares values: no arithmetic"
+_ALL = frozenset({F32, F64, I8, I32, I64, BF16, F16, BOOL})
+_INT = frozenset({I64})
+
+ALLOWED: dict[str, Allowed] = {
+    # -- matrix products: exact integer sums, any order ---------------------------------------------
+    "aten.mm.default": Allowed(frozenset({F32}), "int8 × int8 (magnitudes ≤ 127; output layer: hi/lo halves "
+                               "≤ 128) over ≤ 1,040 terms: every partial sum < 2**24, exact in float32 in any order",
+                               check=_mm_pieces),
+    "aten.bmm.default": Allowed(frozenset({F64}), "attention: q·k over head_dim terms (magnitudes ≤ √(2**53/D)) "
+                                "and p·v over the context (p ≤ 2**16, v ≤ 2**53/(2**16·positions) in magnitude): "
+                                "< 2**53, exact"),
+    "aten.sum.dim_IntList": Allowed(frozenset({F64, I64}), "sums of integers below 2**53 (squares of int16 rows, "
+                                    "attention weights) or int64 table weights: exact in any order"),
+    "aten.cumsum.default": Allowed(_INT, "int64 running sums of frequency weights (< 2**52)", scalars=True),
+    # -- single correctly rounded IEEE operations -----------------------------------------------------
+    "aten.add.Tensor": Allowed(frozenset({F64, I64}), "one IEEE binary64 addition (correctly rounded on every "
+                               "device), or int64 arithmetic within bounds", scalars=True),
+    "aten.add_.Tensor": Allowed(frozenset({F64}), "rint: + 1.5·2**52 (one correctly rounded addition)",
+                                scalars=True),
+    "aten.sub.Tensor": Allowed(frozenset({F64, I64}), "one IEEE binary64 subtraction, or int64", scalars=True),
+    "aten.sub_.Tensor": Allowed(frozenset({F64}), "rint: − 1.5·2**52 (exact)", scalars=True),
+    "aten.sub.out": Allowed(frozenset({F64}), "max score − score: one IEEE subtraction"),
+    "aten.rsub.Scalar": Allowed(_INT, "int64 id reversal (vocab − 1 − key bits)", scalars=True),
+    "aten.mul.Tensor": Allowed(frozenset({F64, I64}), "one IEEE binary64 multiplication (by a tensor or a number: "
+                               "the same correctly rounded product on every device), or int64 within bounds",
+                               scalars=True),
+    "aten.mul_.Tensor": Allowed(frozenset({F64}), "score difference × grid scale: one IEEE multiplication",
+                                scalars=True),
+    "aten.div.Tensor": Allowed(frozenset({F64}), "one IEEE binary64 division by a same-device TENSOR (a Python "
+                               "number divisor is refused: CUDA multiplies by its reciprocal instead)"),
+    "aten.floor_divide.default": Allowed(_INT, "int64 floor division of the CDF (exact integer arithmetic)"),
+    "aten.sqrt.default": Allowed(frozenset({F64}), "IEEE binary64 square root: correctly rounded by the standard"),
+    "aten.abs.default": Allowed(frozenset({F64}), "exact"),
+    "aten.amax.default": Allowed(frozenset({F64, I64}), "a maximum: exact, order independent"),
+    "aten.max.default": Allowed(_INT, "a maximum: exact"),
+    "aten.clamp.default": Allowed(frozenset({F64, I64}), "comparison and selection: exact", scalars=True),
+    "aten.clamp_.default": Allowed(frozenset({F64, I64}), "comparison and selection: exact", scalars=True),
+    "aten.where.self": Allowed(frozenset({F64, BOOL}), "selection: exact"),
+    "aten.gt.Scalar": Allowed(frozenset({F64}), "comparison: exact", scalars=True),
+    "aten.gt.Tensor": Allowed(_INT, "comparison: exact"),
+    "aten.masked_fill_.Scalar": Allowed(frozenset({F64, BOOL}), "masked scores set to −2**60: exact", scalars=True),
+    "aten.frexp.Tensor": Allowed(frozenset({F64}), "the exponent of an exact integer: exact"),
+    "aten.__rshift__.Scalar": Allowed(_INT, "int64 shift", scalars=True),
+    "aten.__rshift__.Tensor": Allowed(_INT, "int64 shift"),
+    "aten.bitwise_right_shift_.Tensor_Scalar": Allowed(_INT, "int64 shift", scalars=True),
+    "aten.bitwise_and.Scalar": Allowed(_INT, "int64 mask", scalars=True),
+    "aten.topk.default": Allowed(_INT, "top-k of unique int64 keys: no ties, so the same on every device",
+                                 scalars=True),
+    # -- conversions (each pair reviewed in _CASTS) ---------------------------------------------------
+    "aten._to_copy.default": Allowed(_ALL, "dtype conversions of values exactly representable in the target",
+                                     check=_cast),
+    "aten.copy_.default": Allowed(_ALL, "writes of values exactly representable in the target", check=_copy),
+    # -- moves, views, creation -----------------------------------------------------------------------
+    **{name: Allowed(_ALL, _MOVES, scalars=True) for name in (
+        "aten.index.Tensor", "aten.index_put_.default", "aten.cat.default", "aten.repeat.default",
+        "aten.clone.default", "aten.view.default", "aten._unsafe_view.default", "aten.expand.default",
+        "aten.slice.Tensor", "aten.select.int", "aten.transpose.int", "aten.unsqueeze.default",
+        "aten.alias.default", "aten.detach.default", "aten.lift_fresh.default", "aten._local_scalar_dense.default",
+        "aten.empty.memory_format", "aten.empty_like.default", "aten.zeros.default", "aten.ones.default",
+        "aten.arange.default", "aten.arange.start", "aten.arange.start_step", "aten.triu_.default",
+        "aten.t.default", "aten.squeeze.dim", "aten.permute.default", "aten.new_zeros.default",
+        "aten.gather.default", "aten.eq.Tensor", "aten.any.dim", "aten.argmax.default", "aten.lt.Tensor",
+        "aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default", "aten.fill_.Scalar",
+        "aten.bitwise_not.default", "aten.logical_not.default", "aten.le.Scalar", "aten.ge.Scalar")},
+}
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _has_number(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, float) or (isinstance(a, int) and not isinstance(a, bool)) for a in args[1:])
+
+
+class OpAudit(TorchDispatchMode):
+    """Records every aten call inside the ``with`` block and every way it breaks ``ALLOWED``
+    (``violations``, one line per distinct problem); ``device``: the device every tensor must be on."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.device = None if device is None else torch.device(device)
+        self.calls: dict[str, int] = {}
+        self.violations: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = str(func)
+        self.calls[name] = self.calls.get(name, 0) + 1
+        entry = ALLOWED.get(name)
+        tensors = list(_tensors(args)) + list(_tensors(list(kwargs.values())))
+        if entry is None:
+            self.violations.add(f"{name}: not on the allow-list")
+        else:
+            bad = sorted({str(t.dtype) for t in tensors} - {str(d) for d in entry.dtypes})
+            if bad:
+                self.violations.add(f"{name}: dtype {', '.join(bad)} not reviewed")
+            if not entry.scalars and _has_number(args):
+                self.violations.add(f"{name}: a Python number operand (only same-device tensors)")
+            reason = entry.check(args, kwargs) if entry.check else None
+            if reason:
+                self.violations.add(f"{name}: {reason}")
+        if self.device is not None:
+            for t in tensors:
+                if t.device != self.device:
+                    self.violations.add(f"{name}: a tensor on {t.device}, not {self.device}")
+        return func(*args, **kwargs)
+
+
+def allow_list_markdown() -> str:
+    """The allow-list as the Markdown table ``docs/architecture.md`` carries."""
+    lines = ["| aten op | dtypes | Python number operand | why it is the same on every device |", "|---|---|---|---|"]
+    moves = sorted(name for name, e in ALLOWED.items() if e.why == _MOVES)
+    for name, e in ALLOWED.items():
+        if e.why == _MOVES:
+            continue
+        dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in e.dtypes))
+        lines.append(f"| `{name}` | {dtypes} | {'yes' if e.scalars else 'no'} | {e.why} |")
+    lines.append(f"| {', '.join(f'`{n}`' for n in moves)} | any | yes | {_MOVES} |")
+    return "\n".join(lines)
+
+
+def cast_list_markdown() -> str:
+    """The reviewed conversions (``aten._to_copy`` / ``aten.copy_``) as a Markdown table."""
+    rows = [f"| {str(a).removeprefix('torch.')} → {str(b).removeprefix('torch.')} | {why} |"
+            for (a, b), why in _CASTS.items()]
+    return "\n".join(["| conversion | why it is exact |", "|---|---|", *rows])
+
+
+if __name__ == "__main__":
+    print(allow_list_markdown() + "\n\n" + cast_list_markdown())

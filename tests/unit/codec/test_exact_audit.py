@@ -1,0 +1,44 @@
+"""The op audit: the decision path of every model of the test matrix (prefill, decode steps through
+the KV cache, logits, frequency tables) runs only reviewed aten ops, dtypes and argument forms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from cascade.codec.exact.audit import ALLOWED, OpAudit, allow_list_markdown, cast_list_markdown
+
+from tests.unit.codec.numerics_matrix import load, model_names, record
+
+ARCHITECTURE = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_the_decision_path_runs_only_reviewed_ops(name: str) -> None:
+    model = load(name)
+    with OpAudit(model.device) as audit:
+        record(model)
+    assert not audit.violations, sorted(audit.violations)
+    assert audit.calls["aten.mm.default"] > 0 and audit.calls["aten.bmm.default"] > 0
+
+
+def test_the_audit_catches_a_python_number_divisor_an_unreviewed_op_and_a_long_float32_sum() -> None:
+    x = torch.ones(4, 2000, dtype=torch.float64)
+    with OpAudit("cpu") as audit:
+        _ = x / 3.0
+        _ = x.exp()
+        _ = x.to(torch.float32) @ torch.ones(2000, 3)
+        _ = x.to(torch.float16)
+    problems = "\n".join(sorted(audit.violations))
+    assert "aten.div.Tensor: a Python number operand" in problems
+    assert "aten.exp.default: not on the allow-list" in problems
+    assert "aten.mm.default: a float32 product over 2000 > 1040 terms" in problems
+    assert "conversion torch.float64 → torch.float16 is not reviewed" in problems
+
+
+def test_docs_carry_the_allow_list_tables() -> None:
+    text = ARCHITECTURE.read_text()
+    stale = [line for line in (allow_list_markdown() + "\n" + cast_list_markdown()).splitlines() if line not in text]
+    assert not stale, f"docs/architecture.md is out of date (python -m cascade.codec.exact.audit): {stale}"
+    assert len(ALLOWED) > 20

@@ -1,0 +1,18 @@
+"""``exact-llama-1`` is frozen: the model must reproduce, bit for bit, the hidden states, logits and
+frequency tables the release that introduced it computed on the test matrix (pycoder-23m and
+random-weight Llama/Qwen2 models with grouped-query attention), or its containers stop decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.codec.numerics_matrix import DIGESTS, load, model_names, record
+
+EXPECTED = json.loads(DIGESTS.read_text())
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_the_model_reproduces_the_exact_llama_1_digests(name: str) -> None:
+    assert record(load(name)) == EXPECTED[name]
