@@ -138,30 +138,6 @@ def _service_path() -> None:
         sys.path.insert(0, service)
 
 
-def exact_model_bytes(model: object) -> int:
-    """Bytes of every distinct tensor the exact model holds (weights, scales, tables)."""
-    import torch
-
-    seen: dict[tuple[int, int], int] = {}
-
-    def walk(value: object) -> None:
-        if isinstance(value, torch.Tensor):
-            seen[(value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())] = \
-                value.untyped_storage().nbytes()
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, list | tuple):
-            for item in value:
-                walk(item)
-        elif hasattr(value, "__dict__") and not isinstance(value, type):
-            for item in vars(value).values():
-                walk(item)
-
-    walk(model)
-    return sum(seen.values())
-
-
 async def coder_share(lanes: list[list[int]], args: argparse.Namespace) -> tuple[float, float, float]:
     """Decode ``--parallel`` lanes through an in-process runner: (coder share of a step, decode
     tokens/s, exact-model MiB)."""
@@ -184,7 +160,7 @@ async def coder_share(lanes: list[list[int]], args: argparse.Namespace) -> tuple
         pick_s = runner.stats.pick_seconds - before[1]
     finally:
         await asyncio.to_thread(runner.close)
-    return pick_s / (model_s + pick_s), sum(map(len, picked)) / seconds, exact_model_bytes(model) / 2**20
+    return pick_s / (model_s + pick_s), sum(map(len, picked)) / seconds, model.nbytes() / 2**20
 
 
 async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: dict[str, str]) -> list[str]:
