@@ -189,7 +189,7 @@ def test_a_segment_arriving_mid_flight_joins_the_running_cohort_and_decodes_as_a
         runner.close()
 
 
-def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_large_request_runs(
+def test_a_new_requests_first_segment_joins_at_the_next_step_while_a_large_request_fills_the_rows(
         monkeypatch: pytest.MonkeyPatch) -> None:
     gate = _Gate()
     gate.on_decoder(monkeypatch)
@@ -210,10 +210,46 @@ def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_la
         back = await solo
         assert [t for x in back for t in x] == small_segment
         (queued, started), = _events(runner, "decode-start", small)
+        assert started - queued <= 1  # the next step: a first segment waits for the KV budget only
+        assert [[t for x in await f for t in x] for f in flood] == large_segments
+        later = [start for _, start in _events(runner, "decode-start", large) if start >= started]
+        assert len(later) == 6  # served ahead of every large segment still queued when it came
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.release.set()
+        runner.close()
+
+
+def test_a_new_requests_first_segment_starts_within_one_lane_of_steps_while_a_large_request_fills_the_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = _Gate()
+    gate.on_decoder(monkeypatch)
+    lane = 40
+    probe = _fast()
+    budget = probe.row_position_bytes * 4 * lane  # two 2-lane segments
+    probe.close()
+    runner = _fast(max_rows=64, kv_budget_bytes=budget)
+    large_segments = _segments(8, 2, lane, seed=55)
+    small_segment = _tokens(97, 2 * lane)
+
+    async def main() -> None:
+        payloads = await _encode_all(runner, [*large_segments, small_segment], lane)
+        large, small = object(), object()
+        flood = [asyncio.ensure_future(runner.decode([1], [lane, lane], p, 8, 32, request=large))
+                 for p in payloads[:-1]]
+        await _until(gate.reached.is_set)
+        solo = asyncio.ensure_future(runner.decode([1], [lane, lane], payloads[-1], 8, 32, request=small))
+        await _until(lambda: runner.live_jobs() == 9)
+        gate.release.set()
+        assert [t for x in await solo for t in x] == small_segment
+        (queued, started), = _events(runner, "decode-start", small)
         assert started - queued <= lane + 1  # the module's bound: P + 1 steps, P = the longest lane left
         assert [[t for x in await f for t in x] for f in flood] == large_segments
         later = [start for _, start in _events(runner, "decode-start", large) if start >= started]
         assert len(later) == 6  # served ahead of every large segment still queued when it came
+        assert runner.stats.peak_kv_bytes <= budget
 
     try:
         asyncio.run(main())

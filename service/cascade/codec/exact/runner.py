@@ -18,10 +18,11 @@ and chunk filling serve requests least-recently-served first, one segment (decod
 does not fit (rows or KV budget), nothing else is admitted until it does. Hence, with ``P`` the
 longest lane any running row still has to decode (≤ the model's positions):
 
-- a request whose turn it is gets its decode segment started within ``P + 1`` steps of being queued
-  (running rows only leave; the step under way when it arrives counts as one), so a new request's
-  first segment, arriving while one large request runs, starts within ``P + 1`` steps however many
-  segments the large request has queued (tested: ``test_exact_runner``);
+- a request's first decode segment may exceed ``max_rows`` (a throughput knob; the KV budget is the
+  memory limit), so a new request's first segment joins at the next step whenever the budget has
+  room, however many segments other requests have queued (tested: ``test_exact_runner``);
+- otherwise a request whose turn it is gets its segment started within ``P + 1`` steps of being
+  queued (running rows only leave; the step under way when it arrives counts as one);
 - with ``R`` requests holding compression work, every one of them gets a lane into a chunk at least
   once every ``R`` steps, so a new request's first segment of ``L`` lanes is coded within
   ``R·L + 1`` steps.
@@ -329,7 +330,8 @@ class ExactRunner:
     # -- scheduling (worker, under the lock) ------------------------------------------------------
     def _admit(self) -> list[_DecodeJob]:
         """Decode segments joining the cohort this step, least-recently-served request first; stops
-        at the first that does not fit, so the request whose turn it is never waits on later ones."""
+        at the first that does not fit, so the request whose turn it is never waits on later ones. A
+        request's first segment is held back by the KV budget only, not by ``max_rows``."""
         admitted: list[_DecodeJob] = []
         rows, need = len(self._cohort), self._cohort.longest_need()
         while True:
@@ -338,7 +340,7 @@ class ExactRunner:
                 return admitted
             request = min(waiting, key=lambda r: (r.decode_turn, r.arrival))
             job = request.decodes[0]
-            if rows and rows + job.rows > self.max_rows:
+            if rows and rows + job.rows > self.max_rows and request.decode_turn >= 0:
                 return admitted
             if rows and self.kv_budget_bytes is not None and \
                     (rows + job.rows) * max(need, job.need) * self.row_position_bytes > self.kv_budget_bytes:
