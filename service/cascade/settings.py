@@ -61,8 +61,8 @@ class Settings(BaseSettings):
         32, ge=1, le=1024, description="Lanes the exact codec decodes together (KV-cache rows; a segment's lanes "
         "always decode together even if they are more). Memory: rows × positions × 24 KiB for the default model."
     )
-    codec_prefill_tokens: int = Field(8192, ge=64, description="Tokens per compression chunk (one batched prefill; "
-                                      "one chunk runs between two decode steps).")
+    codec_prefill_tokens: int = Field(1024, ge=64, description="Tokens per compression chunk (one batched prefill; "
+                                      "one chunk runs between two decode steps; smaller: finer interleaving).")
     codec_kv_budget_mib: int = Field(
         2048, ge=1, description="Decode KV-cache budget of the exact codec: a segment joins the running rows only "
         "while rows × positions × bytes per position fit; one that never fits is refused (400)."
