@@ -49,6 +49,7 @@ _QK_BITS = 10
 _V_BITS = 10
 _QUERY_BLOCK = 128
 _SCORE_ELEMENTS = 1 << 22
+_KV_BLOCK_ELEMENTS = 1 << 18
 _MASKED = -float(1 << 60)
 
 
@@ -462,6 +463,24 @@ class ExactLlama:
         p = self.att_exp[index.to(torch.int64)]
         return (p @ v) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
 
+    def _attend_cached(self, q: torch.Tensor, cache: KVCache, layer: int, span: int, invalid: torch.Tensor
+                       ) -> torch.Tensor:
+        """Decode-step attention of q (rows, kv_heads, group, D) over the first ``span`` cached
+        positions, a few rows at a time: each chunk's integer keys and values become float64 in a
+        buffer of at most ``_KV_BLOCK_ELEMENTS`` (cache-resident) instead of one copy of the whole
+        context — the same values, so the same bits, at a fraction of the memory traffic."""
+        rows = q.shape[0]
+        keys, values = cache.keys[layer], cache.values[layer]
+        chunk = max(1, _KV_BLOCK_ELEMENTS // (keys.shape[1] * span * keys.shape[3]))
+        if chunk >= rows:
+            return self._attend(q, keys[:, :, :span].to(torch.float64), values[:, :, :span].to(torch.float64), invalid)
+        out = torch.empty_like(q)
+        for a in range(0, rows, chunk):
+            b = min(rows, a + chunk)
+            out[a:b] = self._attend(q[a:b], keys[a:b, :, :span].to(torch.float64),
+                                    values[a:b, :, :span].to(torch.float64), invalid[a:b])
+        return out
+
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal self-attention of one sequence: q (kv_heads, group, L, D), k/v (kv_heads, L, D).
 
@@ -557,9 +576,7 @@ class ExactLlama:
             q, k, v = self._qkv(layer, x, positions)
             cache.keys[li][at, :, positions] = k.to(cache.dtype)
             cache.values[li][at, :, positions] = v.to(cache.dtype)
-            keys = cache.keys[li][:, :, :span].to(torch.float64)
-            values = cache.values[li][:, :, :span].to(torch.float64)
-            out = self._attend(q.view(n, c.num_kv_heads, group, c.head_dim), keys, values, invalid)
+            out = self._attend_cached(q.view(n, c.num_kv_heads, group, c.head_dim), cache, li, span, invalid)
             x = x + layer["o"](out.reshape(n, -1))
             x = x + self._mlp(layer, x)
             self._traced(f"layer{li}", x)
