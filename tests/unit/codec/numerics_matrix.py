@@ -129,7 +129,8 @@ def record(model: ExactLlama) -> dict[str, str]:
     ids, cdf = frequency_tables(logits, min(64, c.vocab_size - 1), 32)
     out["prefill.ids"], out["prefill.cdf"] = digest(ids), digest(cdf)
     prefixes = [len(s) - 24 for s in decode]
-    cache = KVCache.allocate(len(decode), max(len(s) for s in decode), c.num_layers, c.num_kv_heads, c.head_dim)
+    cache = KVCache.allocate(len(decode), max(len(s) for s in decode), c.num_layers, c.num_kv_heads, c.head_dim,
+                             model.device)
     hidden = model.prefill([s[:n] for s, n in zip(decode, prefixes, strict=True)], cache, list(range(len(decode))))
     ends = torch.tensor(prefixes).cumsum(0) - 1
     rows = [model.logits(hidden[ends.to(hidden.device)])]
