@@ -1,4 +1,6 @@
-"""Run in a subprocess under one numerics configuration; prints digests of everything the codec decides.
+"""Run in a subprocess under one numerics configuration; prints digests of everything the codec decides,
+checks the drift known answer (pre-rounding digests) and the recorded exact-llama-1 digests of the
+random-weight test models.
 
 Everything is computed three ways in the same process — a text alone, among 63 other sequences in a
 shuffled batch, and through decode steps after a prefix — and must agree before anything is
@@ -18,12 +20,16 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "service")]
+sys.path[:0] = [str(REPO / "service"), str(REPO)]
 
 from cascade.codec.exact.frequencies import frequency_tables  # noqa: E402
+from cascade.codec.exact.known_answer import check_known_answer, reference_path  # noqa: E402
 from cascade.codec.exact.model import ExactLlama, KVCache  # noqa: E402
 from cascade.codec.exact.runner import ExactRunner  # noqa: E402
 from cascade.codec.lanes import lane_lengths, split_lanes  # noqa: E402
+from cascade.engine.fingerprint import model_fingerprint  # noqa: E402
+
+from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, random_model, record  # noqa: E402
 
 TEXTS = [
     'import os\n\n\ndef read_config(path):\n    """Read a key=value file into a dict."""\n    result = {}\n'
@@ -84,6 +90,10 @@ def main() -> None:
             runner.close()
 
     out["payloads"] = asyncio.run(coded())
+    check_known_answer(model, reference_path(model_fingerprint(str(model_dir))))
+    out["known_answer"] = "reproduced"
+    expected = json.loads(DIGESTS.read_text())
+    out["exact_llama_1_random_models"] = {name: record(random_model(name)) == expected[name] for name in CONFIGS}
     print(json.dumps(out))
 
 

@@ -45,3 +45,10 @@ def test_every_configuration_computes_the_same_integers_and_bytes(results: dict[
     reference = {k: v for k, v in next(iter(results.values())).items() if k not in ("threads", "isa")}
     for name, result in results.items():
         assert {k: v for k, v in result.items() if k not in ("threads", "isa")} == reference, name
+
+
+def test_every_configuration_reproduces_the_known_answer_and_the_recorded_exact_llama_1_digests(
+        results: dict[str, dict[str, Any]]) -> None:
+    for name, result in results.items():
+        assert result["known_answer"] == "reproduced", name
+        assert all(result["exact_llama_1_random_models"].values()), (name, result["exact_llama_1_random_models"])

@@ -4,9 +4,10 @@
 decode steps through a ``KVCache`` (dropping a row half way), and returns sha256 digests of the
 final hidden states (float64), the int64 logits and the frequency tables. The digests in
 ``exact_llama_1_digests.json`` were recorded with the code of the release that introduced
-``exact-llama-1``; any later implementation must reproduce them bit for bit, or containers that
-release wrote stop decoding. Regenerate only together with a new numerics version:
-``python -m tests.unit.codec.numerics_matrix > tests/unit/codec/exact_llama_1_digests.json``.
+``exact-llama-1`` (commit ddd10e1: ``PYTHONPATH=<that checkout>/service:. python -m
+tests.unit.codec.numerics_matrix``), identical under AVX-512 and ``ATEN_CPU_CAPABILITY=default``
+kernels. Any later implementation must reproduce them bit for bit, or containers that release
+wrote stop decoding. Regenerate only together with a new numerics version.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,10 @@ def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Ten
     q, kv = heads * head_dim, kv_heads * head_dim
 
     def rand(*shape: int, scale: float = 0.08) -> torch.Tensor:
-        return (torch.randn(*shape, generator=generator) * scale).to(torch.bfloat16)
+        """Uniform with standard deviation ``scale``, from integer draws: ``torch.randn`` is not
+        portable (its vectorised Box-Muller differs between ATen CPU capabilities), these are."""
+        draws = torch.randint(-(1 << 12), 1 << 12, shape, generator=generator).to(torch.float32)
+        return (draws * (scale * math.sqrt(3.0) / (1 << 12))).to(torch.bfloat16)
 
     weights = {"model.embed_tokens.weight": rand(v, h, scale=1.0), "model.norm.weight": 1 + rand(h)}
     if not config["tie_word_embeddings"]:
@@ -129,7 +134,9 @@ def record(model: ExactLlama) -> dict[str, str]:
     ids, cdf = frequency_tables(logits, min(64, c.vocab_size - 1), 32)
     out["prefill.ids"], out["prefill.cdf"] = digest(ids), digest(cdf)
     prefixes = [len(s) - 24 for s in decode]
-    cache = KVCache.allocate(len(decode), max(len(s) for s in decode), c.num_layers, c.num_kv_heads, c.head_dim)
+    device = getattr(model, "device", None)  # the release that recorded the digests had no device argument
+    cache = KVCache.allocate(len(decode), max(len(s) for s in decode), c.num_layers, c.num_kv_heads, c.head_dim,
+                             **({} if device is None else {"device": device}))
     hidden = model.prefill([s[:n] for s, n in zip(decode, prefixes, strict=True)], cache, list(range(len(decode))))
     ends = torch.tensor(prefixes).cumsum(0) - 1
     rows = [model.logits(hidden[ends.to(hidden.device)])]

@@ -42,3 +42,16 @@ def test_docs_carry_the_allow_list_tables() -> None:
     stale = [line for line in (allow_list_markdown() + "\n" + cast_list_markdown()).splitlines() if line not in text]
     assert not stale, f"docs/architecture.md is out of date (python -m cascade.codec.exact.audit): {stale}"
     assert len(ALLOWED) > 20
+
+
+def test_a_lowered_float32_matmul_precision_neither_changes_the_integers_nor_stays_changed() -> None:
+    model = load("qwen2-gqa2-bias")
+    tokens = [[5, 9, 200, 17, 3, 3, 41]]
+    expected = model.logits(model.prefill(tokens))
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert torch.equal(model.logits(model.prefill(tokens)), expected)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)

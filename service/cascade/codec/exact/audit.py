@@ -175,7 +175,7 @@ class OpAudit(TorchDispatchMode):
                 self.violations.add(f"{name}: {reason}")
         if self.device is not None:
             for t in tensors:
-                if t.device != self.device:
+                if t.device.type != self.device.type or self.device.index not in (None, t.device.index):
                     self.violations.add(f"{name}: a tensor on {t.device}, not {self.device}")
         return func(*args, **kwargs)
 

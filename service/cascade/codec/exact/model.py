@@ -9,7 +9,9 @@ Why it is exact (the argument the codec's portability rests on):
   * linear layers: int8 weights (per output channel, from the checkpoint) × int8 activations
     (per token) in float32 GEMMs, reductions split into pieces of at most 1,040 terms so every
     partial sum stays below 2**24 (127·127·1040 < 2**24); the pieces are added in float64;
-  * the output layer: int8 weights × int16 activations in float64 (32767·127·K < 2**53);
+  * the output layer: int8 weights × int16 activations, split as ``hi·2**8 + lo`` (both ≤ 128 in
+    magnitude) into two float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24),
+    recombined in float64 — the same integer sum a float64 GEMM gives (32767·127·K < 2**53);
   * attention: queries, keys and values on fixed grids (2**-10) with clamped magnitudes, and
     table-driven integer attention weights (≤ 2**16), both products in float64 with bounds
     checked at load time for the longest context;
@@ -21,23 +23,31 @@ Why it is exact (the argument the codec's portability rests on):
   ``tables``, built with ``decimal``/integer arithmetic.
 
 A token's row therefore depends only on its own inputs and on exact sums, so the same text gives
-bit-identical logits in prefill and in decode steps, alone or among other rows.
+bit-identical logits in prefill and in decode steps, alone or among other rows, on any device.
+
+Storage is integer-native: linear weights int8 (converted piecewise to float32 for each GEMM), the
+embedding in the checkpoint's dtype (its rows become float64 exactly), the KV cache int32. Every
+aten op the decision path runs is on the reviewed allow-list in ``audit`` (CI fails otherwise), and
+``known_answer`` digests the pre-rounding intermediates to catch arithmetic drift at start-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
 from cascade.codec.exact import tables
 
+P = ParamSpec("P")
+R = TypeVar("R")
 NUMERICS_VERSION = "exact-llama-1"
 LOGIT_FRACTION_BITS = 16
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -49,6 +59,7 @@ _QK_BITS = 10
 _V_BITS = 10
 _QUERY_BLOCK = 128
 _SCORE_ELEMENTS = 1 << 22
+_KV_BLOCK_ELEMENTS = 1 << 18
 _MASKED = -float(1 << 60)
 
 
@@ -157,6 +168,33 @@ def _refuse_sliding_window(raw: dict[str, Any]) -> None:
     if limit is None or int(window) < int(limit):
         raise UnsupportedModelError(f"sliding-window attention (sliding_window={window}, max_position_embeddings="
                                     f"{limit}) is not supported: the exact codec attends to the whole context")
+
+
+@contextlib.contextmanager
+def ieee_matmul() -> Iterator[None]:
+    """Full IEEE float32 GEMMs for the block: no TF32 on CUDA, no bf16 inner products on oneDNN, which
+    ``torch.set_float32_matmul_precision("high"/"medium")`` allows (vLLM's GPU worker sets it in its
+    own process). The per-backend switches are process-global, so they are set to ``ieee`` for the
+    pass and restored after, never assumed; a concurrent float user only gets more precision meanwhile."""
+    backends = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)
+    saved = [b.fp32_precision for b in backends]
+    try:
+        for b in backends:
+            if b.fp32_precision != "ieee":
+                b.fp32_precision = "ieee"
+        yield
+    finally:
+        for b, value in zip(backends, saved, strict=True):
+            if b.fp32_precision != value:
+                b.fp32_precision = value
+
+
+def _exact_pass(method: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(method)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with ieee_matmul():
+            return method(*args, **kwargs)
+    return run
 
 
 @functools.cache
@@ -385,9 +423,6 @@ class ExactLlama:
         self.cache_dtype = torch.int32 if max(self.v_limit, self.qk_limit) < 2**31 else torch.int64
         self.score_to_grid = float(1 << tables.ATT_GRID_BITS) / (float(1 << (2 * _QK_BITS)) * math.sqrt(c.head_dim))
         self._v_unit = _scalar(float(1 << _V_BITS), str(dev))
-        if dev.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
 
     @classmethod
     def from_pretrained(cls, path: str | Path, max_positions: int, device: torch.device | str = "cpu"
@@ -417,16 +452,8 @@ class ExactLlama:
         return sum(q.nbytes() for q in linears) + sum(t.numel() * t.element_size() for t in vectors)
 
     # -- pieces -----------------------------------------------------------------------------------
-    def _check(self) -> None:
-        """The decision path's matrix products must run at full IEEE precision (no TF32, no bf16
-        inner products): the global switches are checked on every pass, not assumed."""
-        if self.device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32):
-            raise RuntimeError("TF32 matrix products are enabled: the exact codec needs them off")
-        if torch.get_float32_matmul_precision() != "highest":
-            raise RuntimeError("float32 matmul precision is not 'highest': the exact codec needs IEEE float32 GEMMs")
-
     def _check_cache(self, cache: KVCache) -> None:
-        if cache.device != self.device:
+        if cache.device.type != self.device.type or self.device.index not in (None, cache.device.index):
             raise ValueError(f"the KV cache is on {cache.device}, the model on {self.device}")
         if cache.dtype == torch.int32 and self.cache_dtype != torch.int32:
             raise ValueError("this model's clamp bounds need an int64 KV cache (allocate_cache)")
@@ -461,6 +488,24 @@ class ExactLlama:
         index = rint_(torch.sub(top, scores, out=scores).mul_(self.score_to_grid).clamp_(max=last))
         p = self.att_exp[index.to(torch.int64)]
         return (p @ v) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
+
+    def _attend_cached(self, q: torch.Tensor, cache: KVCache, layer: int, span: int, invalid: torch.Tensor
+                       ) -> torch.Tensor:
+        """Decode-step attention of q (rows, kv_heads, group, D) over the first ``span`` cached
+        positions, a few rows at a time: each chunk's integer keys and values become float64 in a
+        buffer of at most ``_KV_BLOCK_ELEMENTS`` (cache-resident) instead of one copy of the whole
+        context — the same values, so the same bits, at a fraction of the memory traffic."""
+        rows = q.shape[0]
+        keys, values = cache.keys[layer], cache.values[layer]
+        chunk = max(1, _KV_BLOCK_ELEMENTS // (keys.shape[1] * span * keys.shape[3]))
+        if chunk >= rows:
+            return self._attend(q, keys[:, :, :span].to(torch.float64), values[:, :, :span].to(torch.float64), invalid)
+        out = torch.empty_like(q)
+        for a in range(0, rows, chunk):
+            b = min(rows, a + chunk)
+            out[a:b] = self._attend(q[a:b], keys[a:b, :, :span].to(torch.float64),
+                                    values[a:b, :, :span].to(torch.float64), invalid[a:b])
+        return out
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal self-attention of one sequence: q (kv_heads, group, L, D), k/v (kv_heads, L, D).
@@ -501,13 +546,13 @@ class ExactLlama:
             self.trace(name, x)
 
     # -- passes -----------------------------------------------------------------------------------
+    @_exact_pass
     def prefill(self, sequences: list[list[int]], cache: KVCache | None = None,
                 rows: list[int] | None = None) -> torch.Tensor:
         """Final hidden states of every position of every sequence, packed ``(Σ len, hidden)``.
 
         With ``cache``, sequence ``i`` is written to cache row ``rows[i]`` (its positions 0…len-1).
         """
-        self._check()
         c = self.config
         dev = self.device
         group = c.num_heads // c.num_kv_heads
@@ -538,9 +583,9 @@ class ExactLlama:
             cache.lengths[torch.tensor(rows, device=dev)] = torch.tensor(lengths, device=dev)
         return x
 
+    @_exact_pass
     def step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One token for every cache row at its next position; returns final hidden states."""
-        self._check()
         self._check_cache(cache)
         c = self.config
         dev = self.device
@@ -557,18 +602,16 @@ class ExactLlama:
             q, k, v = self._qkv(layer, x, positions)
             cache.keys[li][at, :, positions] = k.to(cache.dtype)
             cache.values[li][at, :, positions] = v.to(cache.dtype)
-            keys = cache.keys[li][:, :, :span].to(torch.float64)
-            values = cache.values[li][:, :, :span].to(torch.float64)
-            out = self._attend(q.view(n, c.num_kv_heads, group, c.head_dim), keys, values, invalid)
+            out = self._attend_cached(q.view(n, c.num_kv_heads, group, c.head_dim), cache, li, span, invalid)
             x = x + layer["o"](out.reshape(n, -1))
             x = x + self._mlp(layer, x)
             self._traced(f"layer{li}", x)
         cache.lengths = positions + 1
         return x
 
+    @_exact_pass
     def logits_before_rounding(self, hidden: torch.Tensor) -> torch.Tensor:
         """The float64 logits in units of 2**-16 just before ``rint`` (what the drift check digests)."""
-        self._check()
         h = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
         return self.lm_head(h) * float(1 << LOGIT_FRACTION_BITS)
 
