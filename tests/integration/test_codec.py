@@ -230,3 +230,36 @@ def test_containers_are_portable_between_services_with_different_numerics(
             assert _decompress(service, there).content == data
     finally:
         stop_service(other)
+
+
+def _forged_container(header_from: bytes, lanes: int, lane_tokens: int, payload: bytes) -> bytes:
+    """A container with valid checksums whose one segment declares ``lanes × lane_tokens`` tokens over
+    ``payload`` (the model fingerprint and numerics are copied from a real container)."""
+    from cascade.codec.container import KIND_CODED, ContainerWriter, Header
+
+    real = parse_container(header_from).header
+    tokens = lanes * lane_tokens
+    writer = ContainerWriter(Header(real.fingerprint, real.precision_bits, real.top_k, real.vocab_size,
+                                    real.numerics, lane_tokens, real.params))
+    original = b"x" * tokens
+    return writer.header_bytes() + writer.segment_bytes(KIND_CODED, tokens, original, payload) \
+        + writer.trailer_bytes()
+
+
+def test_a_forged_payload_far_shorter_than_its_tokens_fails_within_a_few_steps(service: Service) -> None:
+    """64 lanes × 1,024 tokens over 35 bytes: the decoder runs off the payload within a few batched
+    steps (a valid stream is never read more than 23 bytes past its end) and the request is a 422
+    naming the segment — not a decode of all 65,536 tokens before the CRC fails."""
+    forged = _forged_container(_compress(service, b"x = 1\n"), 64, 1024, bytes(range(101, 136)))
+    assert len(forged) < 200
+    r = _decompress(service, forged)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "payload_overrun"
+    assert "segment 0's payload ends before its tokens" in error["message"]
+    assert "damaged or forged" in error["message"]
+    decoded = int(error["message"].split(" after ")[1].split(" of ")[0])
+    assert decoded < 64 * 16, f"{decoded} tokens decoded: more than 16 steps of 64 lanes"
+    with service.client() as client:
+        assert client.post("/compress", content=b"still serving\n",
+                           headers={"content-type": "text/plain"}).status_code == 200

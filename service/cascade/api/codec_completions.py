@@ -65,7 +65,7 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
         raise APIError(400, "codec mode 'decode' needs codec.tokens", param="codec.tokens")
     resolve_max_tokens(tokens, len(prompts[0]), settings, "codec.tokens")
     ids = await until_disconnect(request, lambda: codec.decode_tokens_from(
-        prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits))
+        prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits, any_bytes=True))
     summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids}
     return _replayed(request, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
 

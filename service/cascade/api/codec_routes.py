@@ -82,7 +82,7 @@ def _as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ContainerError):
         return APIError(400, str(exc), code=exc.code)
     if isinstance(exc, IntegrityError):
-        return APIError(422, str(exc), code="checksum_mismatch")
+        return APIError(422, str(exc), code=exc.code)
     if isinstance(exc, CodecUnavailableError | EngineNotReadyError):
         return APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"})
     if isinstance(exc, UnicodeDecodeError):

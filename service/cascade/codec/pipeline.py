@@ -31,6 +31,7 @@ from cascade.codec.container import (
     SegmentRecord,
 )
 from cascade.codec.lanes import MAX_LANES, lane_lengths, split_lanes
+from cascade.codec.range_coder import PayloadOverrunError
 from cascade.codec.segmenter import Segment, Segmenter
 
 if TYPE_CHECKING:
@@ -52,7 +53,12 @@ class ModelMismatchError(ValueError):
 
 
 class IntegrityError(ValueError):
-    """A decoded segment does not match its recorded checksum: nothing wrong is returned."""
+    """A decoded segment does not match its recorded checksum, or its payload ended before its tokens:
+    nothing wrong is returned. ``code``: ``checksum_mismatch`` or ``payload_overrun``."""
+
+    def __init__(self, message: str, code: str = "checksum_mismatch") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class SegmentResult(NamedTuple):
@@ -169,7 +175,13 @@ class CodecPipeline:
         return coded.payload, coded.ideal_bits
 
     async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
-                                 top_k: int, precision_bits: int) -> list[int]:
+                                 top_k: int, precision_bits: int, any_bytes: bool = False) -> list[int]:
+        """``tokens`` tokens decoded from ``payload``; raises ``PayloadOverrunError`` when the payload ends
+        before them, unless ``any_bytes`` (decode mode turning arbitrary bytes into text): then the
+        payload is read as if followed by zeros — padded here with the most a decoder can read, 8
+        bytes a token (4 per table symbol, 4 per fallback rank, as ``range >= 2**24`` after a symbol)."""
+        if any_bytes:
+            payload += bytes(8 * (tokens + 1))
         lanes = await self._runner().decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
                                             precision_bits)
         return [t for lane in lanes for t in lane]
@@ -280,8 +292,11 @@ class CodecPipeline:
                 if self.tokens_are_nonempty() and record.tokens > record.original_length:
                     raise ContainerError(f"corrupted container: segment {record.index} declares {record.tokens} "
                                          f"tokens for {record.original_length} bytes")
-                tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
-                                                       header.top_k, header.precision_bits)
+                try:
+                    tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
+                                                           header.top_k, header.precision_bits)
+                except PayloadOverrunError as exc:
+                    raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
                 data = self.decode_tokens(tokens).encode("utf-8")
             if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
                 raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the container is "
@@ -324,6 +339,13 @@ class CodecPipeline:
                 and container != reference:
             raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
                                  "(the self-test container differs from exact/reference.cz)")
+
+
+def overrun_error(what: str, exc: PayloadOverrunError, tokens: int) -> IntegrityError:
+    """The 422 for a payload the decoder ran off the end of (``range_coder.MAX_OVERRUN``)."""
+    done = f" after {exc.tokens} of its {tokens} tokens" if exc.tokens is not None else ""
+    return IntegrityError(f"{what}'s payload ends before its tokens{done}: damaged or forged ({exc})",
+                          code="payload_overrun")
 
 
 async def counted(chunks: AsyncIterator[bytes], stats: CompressStats) -> AsyncIterator[bytes]:
