@@ -263,3 +263,13 @@ def test_a_forged_payload_far_shorter_than_its_tokens_fails_within_a_few_steps(s
     with service.client() as client:
         assert client.post("/compress", content=b"still serving\n",
                            headers={"content-type": "text/plain"}).status_code == 200
+
+
+@pytest.mark.parametrize("data", [b"\0" * 1000, bytes(range(256)) * 4, "ÿ\u0100\u4e00😀".encode() * 60],
+                         ids=["nul", "all_bytes", "rare_characters"])
+def test_no_input_grows_by_more_than_the_framing(service: Service, data: bytes) -> None:
+    container = _compress(service, data)
+    parsed = parse_container(container)
+    framing = len(_compress(service, b"")) + (1 + 4 + 4) * len(parsed.segments)
+    assert len(container) <= len(data) + framing
+    assert _decompress(service, container).content == data

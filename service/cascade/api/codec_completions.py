@@ -106,7 +106,7 @@ async def _forced_encode(request: Request, codec_field: CodecField, prompt: list
     resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
     rid = request_id(request)
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
-        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits))
+        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
     body = envelope("completion", rid, settings.model_name, chunk=False)
     body["choices"] = [choice_body("completion", 0, codec.decode_tokens(ids), None, "length", chunk=False)]
     body["usage"] = usage(len(prompt), len(ids))

@@ -29,6 +29,7 @@ from cascade.codec.container import (
     Header,
     Limits,
     SegmentRecord,
+    encode_segment,
 )
 from cascade.codec.lanes import MAX_LANES, lane_lengths, split_lanes
 from cascade.codec.range_coder import PayloadOverrunError
@@ -169,10 +170,13 @@ class CodecPipeline:
         return self.max_positions - context_tokens
 
     async def encode_tokens(self, prompt: list[int], tokens: list[int], lane_tokens: int, top_k: int,
-                            precision_bits: int) -> tuple[bytes, float]:
-        """One coded segment: ``(payload, the model's ideal bits)``."""
+                            precision_bits: int, any_bytes: bool = False) -> tuple[bytes, float]:
+        """One coded segment: ``(payload, the model's ideal bits)``. ``any_bytes``: the code is for a
+        decoder that reads zeros past its end without bound (``decode_tokens_from(any_bytes=True)``,
+        the codec on /v1/completions), so every trailing zero is dropped — the inverse of decoding
+        arbitrary bytes gives those bytes back, as release ddd10e1 did."""
         coded = await self._runner().encode(prompt, split_lanes(tokens, lane_tokens), top_k, precision_bits)
-        return coded.payload, coded.ideal_bits
+        return coded.payload.rstrip(b"\0") if any_bytes else coded.payload, coded.ideal_bits
 
     async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
                                  top_k: int, precision_bits: int, any_bytes: bool = False) -> list[int]:
@@ -226,6 +230,10 @@ class CodecPipeline:
             tokens = segment.tokens
             payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
                                                       options.precision_bits)
+            if stored_raw_is_smaller(len(tokens), segment.data, payload):
+                stats.raw_segments += 1
+                stats.segments += 1
+                return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             if options.verify:
                 back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
                                                      options.precision_bits)
@@ -339,6 +347,13 @@ class CodecPipeline:
                 and container != reference:
             raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
                                  "(the self-test container differs from exact/reference.cz)")
+
+
+def stored_raw_is_smaller(tokens: int, original: bytes, payload: bytes) -> bool:
+    """Whether the segment's coded record would be longer than its raw record: then it is stored raw,
+    so no input grows by more than the framing (1,000 NUL bytes coded took 2,304 bytes)."""
+    return len(encode_segment(KIND_CODED, tokens, original, payload)) > len(encode_segment(KIND_RAW, 0, original,
+                                                                                            original))
 
 
 def overrun_error(what: str, exc: PayloadOverrunError, tokens: int) -> IntegrityError:

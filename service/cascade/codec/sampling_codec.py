@@ -37,7 +37,7 @@ class SamplingEncoder:
             return []
         self.finished = True
         self.data, _ = await self.codec.encode_tokens(self.prompt, self.token_ids, len(self.token_ids), self.top_k,
-                                                      self.precision_bits)
+                                                      self.precision_bits, any_bytes=True)
         return [base64.b64encode(self.data).decode()]
 
     def summary(self) -> dict[str, Any]:
