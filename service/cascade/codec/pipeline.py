@@ -29,6 +29,7 @@ from cascade.codec.container import (
     Header,
     Limits,
     SegmentRecord,
+    check_params,
     encode_segment,
 )
 from cascade.codec.lanes import MAX_LANES, lane_lengths, split_lanes
@@ -50,7 +51,12 @@ class CodecUnavailableError(RuntimeError):
 
 
 class ModelMismatchError(ValueError):
-    """The container was made with another model (fingerprints differ)."""
+    """The container was made with another model or numerics. ``code``: ``model_mismatch`` or
+    ``numerics_mismatch``."""
+
+    def __init__(self, message: str, code: str = "model_mismatch") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class IntegrityError(ValueError):
@@ -274,15 +280,18 @@ class CodecPipeline:
             yield result
 
     def _check_header(self, header: Header) -> None:
+        """Identity first (409: numerics, then model), then the header's own fields (422/400); all before
+        any segment is decoded."""
+        if header.numerics != self.numerics:
+            raise ModelMismatchError(f"container was made under different numerics ({header.numerics!r}; this "
+                                     f"server computes {self.numerics!r})", "numerics_mismatch")
         if header.fingerprint != self.fingerprint:
             raise ModelMismatchError(
                 f"container was made with model fingerprint {header.fingerprint.hex()[:16]}…, this server runs "
                 f"{self.fingerprint.hex()[:16]}…: decompress it with the same model")
         if header.vocab_size != self.vocab_size:
             raise ModelMismatchError(f"container vocabulary {header.vocab_size} ≠ model vocabulary {self.vocab_size}")
-        if header.numerics != self.numerics:
-            raise ModelMismatchError(f"container was made with numerics {header.numerics!r}; this server computes "
-                                     f"{self.numerics!r}")
+        check_params(header, self.separator_id)
         try:
             header.context.decode("utf-8")
         except UnicodeDecodeError:
