@@ -273,3 +273,52 @@ def test_no_input_grows_by_more_than_the_framing(service: Service, data: bytes) 
     framing = len(_compress(service, b"")) + (1 + 4 + 4) * len(parsed.segments)
     assert len(container) <= len(data) + framing
     assert _decompress(service, container).content == data
+
+
+def test_a_replay_object_with_its_check_refuses_every_tampering(service: Service) -> None:
+    from cascade.codec.sampling_codec import ids_sha256
+
+    prompt = "def main():\n"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 1.0, "seed": 5,
+            "codec": {"mode": "encode", "precision_bits": 24, "top_k": 16}}
+    with service.client() as client:
+        made = client.post("/v1/completions", json=body).json()
+        code = made["codec"]
+        check = code["check"]
+        assert set(check) == {"version", "model", "numerics", "prompt_sha256", "tokens_sha256"}
+        assert check["version"] == 1 and check["numerics"] == code["numerics"] and len(check["model"]) == 64
+
+        def replay(codec: dict[str, object], text: str = prompt) -> httpx.Response:
+            return client.post("/v1/completions", json={"model": MODEL, "prompt": text,
+                                                        "codec": {**codec, "mode": "decode"}})
+
+        good = replay(code)
+        assert good.status_code == 200, good.text
+        assert good.json()["choices"][0]["text"] == made["choices"][0]["text"]
+        assert good.json()["codec"]["verified"] is True
+        assert ids_sha256(good.json()["codec"]["token_ids"]) == check["tokens_sha256"]
+        data = base64.b64decode(code["data"])
+        flipped = bytes([data[0] ^ 0x01]) + data[1:]
+        cases: dict[str, tuple[httpx.Response, int, str]] = {
+            "other prompt": (replay(code, "def other():\n"), 422, "replay_mismatch"),
+            "flipped byte": (replay({**code, "data": base64.b64encode(flipped).decode()}), 422, "replay_mismatch"),
+            "truncated data": (replay({**code, "data": base64.b64encode(data[:-1]).decode()}), 422,
+                               "replay_mismatch"),
+            "empty data": (replay({**code, "data": ""}), 422, "replay_mismatch"),
+            "fewer tokens": (replay({**code, "tokens": code["tokens"] - 1}), 422, "replay_mismatch"),
+            "other top_k": (replay({**code, "top_k": 17}), 422, "replay_mismatch"),
+            "other numerics": (replay({**code, "check": {**check, "numerics": "exact-llama-2"}}), 409,
+                               "numerics_mismatch"),
+            "other model": (replay({**code, "check": {**check, "model": "0" * 64}}), 409, "model_mismatch"),
+            "malformed check": (replay({**code, "check": {**check, "tokens_sha256": "xyz"}}), 400, ""),
+        }
+        for name, (r, status, error_code) in cases.items():
+            assert r.status_code == status, (name, r.text)
+            if error_code:
+                assert r.json()["error"]["code"] == error_code, name
+        unchecked = {k: v for k, v in code.items() if k != "check"}
+        assert replay({**unchecked, "data": ""}).status_code == 200, "without a check decode takes any bytes"
+        forced = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "codec": {
+            "mode": "encode", "precision_bits": 24, "top_k": 16, "token_ids": good.json()["codec"]["token_ids"]}})
+        assert forced.json()["codec"]["check"] == check
+        assert forced.json()["codec"]["data"] == code["data"]
