@@ -25,7 +25,7 @@ TEXTS = {
 }
 
 
-def _compress(service: Service, data: bytes, **params: object) -> bytes:
+def _compress(service: Service, data: bytes, **params: str | int) -> bytes:
     with service.client() as client:
         r = client.post("/compress", content=data, params=params, headers={"content-type": "text/plain"})
     assert r.status_code == 200, r.text

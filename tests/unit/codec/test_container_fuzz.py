@@ -5,9 +5,8 @@ containers whose checksums are *right* but whose declared sizes, counts, kinds a
 are hostile (huge lengths, segment counts over the limits, nested JSON, lying trailers), then
 truncates, bit-flips and re-chunks them. Every input must end in ``ContainerError`` (or parse, for
 inputs that are in fact valid) — never another exception — quickly and with memory bounded by the
-input's real size, not by what it claims. The decode-step fuzz feeds random payloads to the range
-decoder the codec's logits processor runs inside the engine, where an exception would kill the
-engine process.
+input's real size, not by what it claims. The decode-step fuzz feeds random payloads to the lane
+decoder the exact runner steps: they decode to tokens or stop with ``PayloadOverrunError``, nothing else.
 """
 
 from __future__ import annotations
