@@ -69,7 +69,8 @@ class PayloadTooLargeError(CascadeError):
 
 
 class IntegrityError(CascadeError):
-    """422: a decoded segment failed its checksum; no wrong bytes were returned."""
+    """422: a decoded segment failed its checksum or its payload ended before its tokens; no wrong bytes
+    were returned."""
 
 
 class RateLimitError(CascadeError):
@@ -94,7 +95,8 @@ _BY_STATUS: dict[int, type[CascadeError]] = {
 }
 # Failures inside a 200 SSE stream carry the status the same failure gets before the stream starts;
 # servers older than that field only carry a code, mapped here.
-_STATUS_BY_CODE = {"model_mismatch": 409, "checksum_mismatch": 422, "codec_unavailable": 503,
+_STATUS_BY_CODE = {"model_mismatch": 409, "numerics_mismatch": 409, "checksum_mismatch": 422, "payload_overrun": 422,
+                   "damaged_container": 422, "replay_mismatch": 422, "codec_unavailable": 503,
                    "engine_unavailable": 503, "internal_error": 500, "input_too_large": 413}
 
 

@@ -25,7 +25,7 @@ TEXTS = {
 }
 
 
-def _compress(service: Service, data: bytes, **params: object) -> bytes:
+def _compress(service: Service, data: bytes, **params: str | int) -> bytes:
     with service.client() as client:
         r = client.post("/compress", content=data, params=params, headers={"content-type": "text/plain"})
     assert r.status_code == 200, r.text
@@ -230,3 +230,95 @@ def test_containers_are_portable_between_services_with_different_numerics(
             assert _decompress(service, there).content == data
     finally:
         stop_service(other)
+
+
+def _forged_container(header_from: bytes, lanes: int, lane_tokens: int, payload: bytes) -> bytes:
+    """A container with valid checksums whose one segment declares ``lanes × lane_tokens`` tokens over
+    ``payload`` (the model fingerprint and numerics are copied from a real container)."""
+    from cascade.codec.container import KIND_CODED, ContainerWriter, Header
+
+    real = parse_container(header_from).header
+    tokens = lanes * lane_tokens
+    writer = ContainerWriter(Header(real.fingerprint, real.precision_bits, real.top_k, real.vocab_size,
+                                    real.numerics, lane_tokens, real.params))
+    original = b"x" * tokens
+    return writer.header_bytes() + writer.segment_bytes(KIND_CODED, tokens, original, payload) \
+        + writer.trailer_bytes()
+
+
+def test_a_forged_payload_far_shorter_than_its_tokens_fails_within_a_few_steps(service: Service) -> None:
+    """64 lanes × 1,024 tokens over 35 bytes: the decoder runs off the payload within a few batched
+    steps (a valid stream is never read more than 23 bytes past its end) and the request is a 422
+    naming the segment — not a decode of all 65,536 tokens before the CRC fails."""
+    forged = _forged_container(_compress(service, b"x = 1\n"), 64, 1024, bytes(range(101, 136)))
+    assert len(forged) < 200
+    r = _decompress(service, forged)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "payload_overrun"
+    assert "segment 0's payload ends before its tokens" in error["message"]
+    assert "damaged or forged" in error["message"]
+    decoded = int(error["message"].split(" after ")[1].split(" of ")[0])
+    assert decoded < 64 * 16, f"{decoded} tokens decoded: more than 16 steps of 64 lanes"
+    with service.client() as client:
+        assert client.post("/compress", content=b"still serving\n",
+                           headers={"content-type": "text/plain"}).status_code == 200
+
+
+@pytest.mark.parametrize("data", [b"\0" * 1000, bytes(range(256)) * 4, "ÿ\u0100\u4e00😀".encode() * 60],
+                         ids=["nul", "all_bytes", "rare_characters"])
+def test_no_input_grows_by_more_than_the_framing(service: Service, data: bytes) -> None:
+    container = _compress(service, data)
+    parsed = parse_container(container)
+    framing = len(_compress(service, b"")) + (1 + 4 + 4) * len(parsed.segments)
+    assert len(container) <= len(data) + framing
+    assert _decompress(service, container).content == data
+
+
+def test_a_replay_object_with_its_check_refuses_every_tampering(service: Service) -> None:
+    from cascade.codec.sampling_codec import ids_sha256
+
+    prompt = "def main():\n"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 1.0, "seed": 5,
+            "codec": {"mode": "encode", "precision_bits": 24, "top_k": 16}}
+    with service.client() as client:
+        made = client.post("/v1/completions", json=body).json()
+        code = made["codec"]
+        check = code["check"]
+        assert set(check) == {"version", "model", "numerics", "prompt_sha256", "tokens_sha256"}
+        assert check["version"] == 1 and check["numerics"] == code["numerics"] and len(check["model"]) == 64
+
+        def replay(codec: dict[str, object], text: str = prompt) -> httpx.Response:
+            return client.post("/v1/completions", json={"model": MODEL, "prompt": text,
+                                                        "codec": {**codec, "mode": "decode"}})
+
+        good = replay(code)
+        assert good.status_code == 200, good.text
+        assert good.json()["choices"][0]["text"] == made["choices"][0]["text"]
+        assert good.json()["codec"]["verified"] is True
+        assert ids_sha256(good.json()["codec"]["token_ids"]) == check["tokens_sha256"]
+        data = base64.b64decode(code["data"])
+        flipped = bytes([data[0] ^ 0x01]) + data[1:]
+        cases: dict[str, tuple[httpx.Response, int, str]] = {
+            "other prompt": (replay(code, "def other():\n"), 422, "replay_mismatch"),
+            "flipped byte": (replay({**code, "data": base64.b64encode(flipped).decode()}), 422, "replay_mismatch"),
+            "truncated data": (replay({**code, "data": base64.b64encode(data[:-1]).decode()}), 422,
+                               "replay_mismatch"),
+            "empty data": (replay({**code, "data": ""}), 422, "replay_mismatch"),
+            "fewer tokens": (replay({**code, "tokens": code["tokens"] - 1}), 422, "replay_mismatch"),
+            "other top_k": (replay({**code, "top_k": 17}), 422, "replay_mismatch"),
+            "other numerics": (replay({**code, "check": {**check, "numerics": "exact-llama-2"}}), 409,
+                               "numerics_mismatch"),
+            "other model": (replay({**code, "check": {**check, "model": "0" * 64}}), 409, "model_mismatch"),
+            "malformed check": (replay({**code, "check": {**check, "tokens_sha256": "xyz"}}), 400, ""),
+        }
+        for name, (r, status, error_code) in cases.items():
+            assert r.status_code == status, (name, r.text)
+            if error_code:
+                assert r.json()["error"]["code"] == error_code, name
+        unchecked = {k: v for k, v in code.items() if k != "check"}
+        assert replay({**unchecked, "data": ""}).status_code == 200, "without a check decode takes any bytes"
+        forced = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "codec": {
+            "mode": "encode", "precision_bits": 24, "top_k": 16, "token_ids": good.json()["codec"]["token_ids"]}})
+        assert forced.json()["codec"]["check"] == check
+        assert forced.json()["codec"]["data"] == code["data"]

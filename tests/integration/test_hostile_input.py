@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from typing import Any
 
+import httpx
 import pytest
+from cascade.codec.container import MAGIC, VERSION, canonical_params, encode_header, parse_container, varint
 
 from tests.integration.conftest import MODEL, Service
 
@@ -65,3 +69,63 @@ def test_deeply_nested_json_is_400(service: Service) -> None:
     with service.client() as client:
         r = client.post("/v1/chat/completions", content=b"[" * 200_000, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
+
+
+def _container_with(container: bytes, params: bytes | None = None, numerics: str | None = None) -> bytes:
+    """``container`` with its header's params bytes and/or numerics replaced, every checksum valid."""
+    parsed = parse_container(container)
+    h = parsed.header
+    old_header = len(encode_header(h))
+    tail = 1 + len(varint(parsed.trailer.segments)) + len(varint(parsed.trailer.total_original_length)) + 4
+    name = (numerics or h.numerics).encode()
+    raw = canonical_params(h.params) if params is None else params
+    body = (MAGIC + bytes([VERSION]) + h.fingerprint + varint(len(name)) + name + bytes([h.precision_bits])
+            + varint(h.top_k) + varint(h.vocab_size) + varint(h.lane_tokens) + varint(len(raw)) + raw
+            + varint(len(h.context)) + h.context)
+    out = body + struct.pack("<I", zlib.crc32(body)) + container[old_header:len(container) - tail]
+    out += b"E" + varint(parsed.trailer.segments) + varint(parsed.trailer.total_original_length)
+    return out + struct.pack("<I", zlib.crc32(out))
+
+
+def _compressed(service: Service, data: bytes) -> bytes:
+    with service.client() as client:
+        r = client.post("/compress", content=data, headers={"content-type": "text/plain"})
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+def _decompressed(service: Service, container: bytes) -> httpx.Response:
+    with service.client() as client:
+        return client.post("/decompress", content=container, headers={"content-type": "application/octet-stream"})
+
+
+@pytest.mark.parametrize("params", [b'{"separator_id":NaN}', b'{"separator_id": 1}', b"", b'{"separator_id":0}',
+                                    b'{"separator_id":1,"extra":2}'],
+                         ids=["nan", "spaced", "empty", "wrong_separator", "extra_key"])
+def test_header_params_other_than_the_writers_are_a_422_damaged_container(service: Service, params: bytes) -> None:
+    container = _compressed(service, b"x = 1\n")
+    assert _decompressed(service, _container_with(container)).content == b"x = 1\n"
+    r = _decompressed(service, _container_with(container, params=params))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "damaged_container"
+    assert r.json()["error"]["message"].startswith("damaged container")
+
+
+def test_other_numerics_are_a_409_before_anything_else_is_checked(service: Service) -> None:
+    container = _compressed(service, b"x = 1\n")
+    for damaged in (_container_with(container, numerics="exact-llama-2"),
+                    _container_with(container, numerics="exact-llama-2", params=b"")):
+        r = _decompressed(service, damaged)
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["code"] == "numerics_mismatch"
+        assert "made under different numerics" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("query", "param"), [("lanes=%C2%B2", "lanes"), ("top_k=%D9%A1%D9%A2", "top_k"),
+                                              ("verify=banana", "verify"), ("precision_bits=%C2%B3", "precision_bits")])
+def test_codec_query_parameters_take_ascii_digits_and_plain_booleans_only(service: Service, query: str,
+                                                                          param: str) -> None:
+    with service.client() as client:
+        r = client.post(f"/compress?{query}", content=b"x", headers={"content-type": "text/plain"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

@@ -18,6 +18,7 @@ from cascade.api.openai_protocol import CodecField, CompletionRequest
 from cascade.api.sampling import check_token_ids, resolve_max_tokens
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, sse_data, until_disconnect
 from cascade.codec.pipeline import CodecPipeline, CodecUnavailableError
+from cascade.codec.sampling_codec import ReplayMismatchError, check_identity, check_tokens, replay_check
 from cascade.settings import Settings
 
 Sample = Callable[[CodecPipeline], Awaitable[JSONResponse | StreamingResponse]]
@@ -48,6 +49,8 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     if codec_field.mode == "encode":
         if codec_field.data is not None:
             raise APIError(400, "codec.data is only for mode 'decode'", param="codec.data")
+        if codec_field.check is not None:
+            raise APIError(400, "codec.check is only for mode 'decode'", param="codec.check")
         if codec_field.token_ids is not None:
             return await _forced_encode(request, codec_field, prompts[0], stream, settings, codec)
         return await sample(codec)
@@ -64,9 +67,17 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     if tokens is None:
         raise APIError(400, "codec mode 'decode' needs codec.tokens", param="codec.tokens")
     resolve_max_tokens(tokens, len(prompts[0]), settings, "codec.tokens")
-    ids = await until_disconnect(request, lambda: codec.decode_tokens_from(
-        prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits))
-    summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids}
+    check = codec_field.check
+    try:
+        if check is not None:
+            check_identity(check, codec, prompts[0])
+        ids = await until_disconnect(request, lambda: codec.decode_tokens_from(
+            prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits, any_bytes=True))
+        if check is not None:
+            check_tokens(check, ids)
+    except ReplayMismatchError as exc:
+        raise APIError(exc.status, str(exc), param=exc.param, code=exc.code) from None
+    summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids, "verified": check is not None}
     return _replayed(request, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
 
 
@@ -106,11 +117,11 @@ async def _forced_encode(request: Request, codec_field: CodecField, prompt: list
     resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
     rid = request_id(request)
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
-        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits))
+        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
     body = envelope("completion", rid, settings.model_name, chunk=False)
     body["choices"] = [choice_body("completion", 0, codec.decode_tokens(ids), None, "length", chunk=False)]
     body["usage"] = usage(len(prompt), len(ids))
     body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,
                      "precision_bits": codec_field.precision_bits, "numerics": codec.numerics,
-                     "data": base64.b64encode(payload).decode()}
+                     "data": base64.b64encode(payload).decode(), "check": replay_check(codec, prompt, ids)}
     return JSONResponse(body)

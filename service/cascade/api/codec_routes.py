@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -78,11 +79,11 @@ def _as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ModelMismatchError):
-        return APIError(409, str(exc), code="model_mismatch")
+        return APIError(409, str(exc), code=exc.code)
     if isinstance(exc, ContainerError):
-        return APIError(400, str(exc), code=exc.code)
+        return APIError(422 if exc.code == "damaged_container" else 400, str(exc), code=exc.code)
     if isinstance(exc, IntegrityError):
-        return APIError(422, str(exc), code="checksum_mismatch")
+        return APIError(422, str(exc), code=exc.code)
     if isinstance(exc, CodecUnavailableError | EngineNotReadyError):
         return APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"})
     if isinstance(exc, UnicodeDecodeError):
@@ -137,30 +138,53 @@ async def _prime(stream: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator[byt
     return first, stream
 
 
+_INT_PARAMS = frozenset(("precision_bits", "top_k", "lane_tokens", "lanes", "segment_tokens"))
+_BOOL_PARAMS = {"verify"}
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_ASCII_INT = re.compile(r"-?[0-9]{1,18}")
+
+
+def _query_value(key: str, raw: str) -> object:
+    """A query parameter as the JSON value it stands for: integers in ASCII digits (``²`` or ``١٢`` are
+    not numbers here), booleans ``true``/``false``/``1``/``0``/``yes``/``no`` in any case; else 400."""
+    if key in _INT_PARAMS:
+        if not _ASCII_INT.fullmatch(raw):
+            raise APIError(400, f"Invalid query parameter '{key}': an integer written in ASCII digits is required",
+                           param=key)
+        return int(raw)
+    if key in _BOOL_PARAMS:
+        value = _BOOLEANS.get(raw.lower())
+        if value is None:
+            raise APIError(400, f"Invalid query parameter '{key}': true or false is required (also 1/0, yes/no)",
+                           param=key)
+        return value
+    return raw
+
+
+def _invalid(exc: ValidationError, where: str) -> APIError:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    what = f"{where} '{param}'" if param else "request body"
+    return APIError(400, f"Invalid {what}: {first['msg']}", param=param)
+
+
 async def _compress_params(request: Request, settings: Settings) -> tuple[CompressParams, AsyncIterator[bytes]]:
+    """One typing rule: a JSON body's values must have their JSON type (integers as numbers, booleans as
+    true/false — ``"8"`` is refused), validated strictly; a query parameter is text standing for that
+    same value (``_query_value``) and goes through the same strict validation."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         try:
-            body = CompressBody.model_validate_json(await request.body())
+            body = CompressBody.model_validate_json(await request.body(), strict=True)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            where = f"value for '{param}'" if param else "request body"
-            raise APIError(400, f"Invalid {where}: {first['msg']}", param=param) from None
+            raise _invalid(exc, "value for") from None
         return body, _one(body.text.encode("utf-8"))
     if content_type in ("text/plain", OCTET, ""):
-        query: dict[str, Any] = dict(request.query_params)
-        if "verify" in query:
-            query["verify"] = query["verify"].lower() in ("1", "true", "yes")
-        for key in ("precision_bits", "top_k", "lane_tokens", "lanes", "segment_tokens"):
-            if key in query and query[key].lstrip("-").isdigit() and len(query[key]) <= 18:
-                query[key] = int(query[key])
+        query = {key: _query_value(key, value) for key, value in request.query_params.items()}
         try:
-            params = CompressParams.model_validate(query)
+            params = CompressParams.model_validate(query, strict=True)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            raise APIError(400, f"Invalid query parameter '{param}': {first['msg']}", param=param) from None
+            raise _invalid(exc, "query parameter") from None
         return params, request.stream()
     raise APIError(415, f"unsupported content type '{content_type}': send application/json, text/plain or "
                         f"{OCTET}", code="unsupported_media_type")

@@ -99,6 +99,20 @@ class PredictionFields(StrictModel):
     prediction_mode: Literal["smart", "prefix"] = "smart"
 
 
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class CodecCheck(StrictModel):
+    """What an encode-mode object was made from (docs/codec-format.md, "Replay objects"): decode mode
+    verifies it, so a replay under another model, numerics or prompt, or from damaged data, is an error."""
+
+    version: Literal[1]
+    model: Annotated[str, Field(pattern=_SHA256_HEX)]
+    numerics: Annotated[str, Field(max_length=64)]
+    prompt_sha256: Annotated[str, Field(pattern=_SHA256_HEX)]
+    tokens_sha256: Annotated[str, Field(pattern=_SHA256_HEX)]
+
+
 class CodecField(StrictModel):
     """Cascade extension on /v1/completions: code the sampled tokens, or replay them from a code."""
 
@@ -109,6 +123,7 @@ class CodecField(StrictModel):
     tokens: Annotated[int, Field(ge=1)] | None = None
     token_ids: Annotated[list[int], Field(min_length=1)] | None = None
     numerics: Annotated[str, Field(max_length=64)] | None = None
+    check: CodecCheck | None = None
 
 
 class CompletionRequest(SamplingFields, PredictionFields):

@@ -75,6 +75,8 @@ class Header:
     lane_tokens: int
     params: dict[str, Any] = field(default_factory=dict)
     context: bytes = b""
+    params_canonical: bool = field(default=True, compare=False)
+    """Whether the params bytes read were ``canonical_params(params)`` (a writer always writes them so)."""
 
 
 @dataclass(frozen=True)
@@ -307,8 +309,9 @@ class ContainerReader:
         if precision not in PRECISIONS or not 1 <= top_k < vocab or top_k + 1 > 1 << precision or lane_tokens < 1:
             raise ContainerError(f"corrupted header: invalid coding parameters (precision {precision}, "
                                  f"top_k {top_k}, vocabulary {vocab}, lane_tokens {lane_tokens})")
-        self.header = Header(fingerprint, precision, top_k, vocab, _ascii(numerics), lane_tokens, _params(params),
-                             context)
+        values = _params(params)
+        self.header = Header(fingerprint, precision, top_k, vocab, _ascii(numerics), lane_tokens, values, context,
+                             _is_canonical(values, params))
         return self.header
 
     def _read_segment(self, kind: int) -> SegmentRecord | None:
@@ -386,6 +389,25 @@ def _params(raw: bytes) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ContainerError("corrupted header: params are not a JSON object")
     return params
+
+
+def _is_canonical(params: dict[str, Any], raw: bytes) -> bool:
+    try:
+        return canonical_params(params) == raw
+    except ValueError:  # NaN or infinity
+        return False
+
+
+def check_params(header: Header, separator_id: int) -> None:
+    """The header's params as docs/codec-format.md defines them: exactly ``{"separator_id": N}`` in its
+    canonical spelling, N the model's separator. Raises ``ContainerError`` (``damaged_container``)."""
+    if not header.params_canonical:
+        raise ContainerError("damaged container: header params are not canonical JSON (sorted keys, no spaces, "
+                             "ASCII, no NaN)", "damaged_container")
+    value = header.params.get("separator_id")
+    if set(header.params) != {"separator_id"} or type(value) is not int or value != separator_id:
+        raise ContainerError(f"damaged container: header params {canonical_params(header.params)[:200]!r} are not "
+                             f"{{\"separator_id\": {separator_id}}} (this model's separator)", "damaged_container")
 
 
 def parse_container(data: bytes, limits: Limits | None = None) -> Container:

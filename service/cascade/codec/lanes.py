@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cascade.codec.range_coder import Decoder, Encoder
+from cascade.codec.range_coder import MAX_OVERRUN, Decoder, Encoder, PayloadOverrunError
 
 MAX_LANES = 64
 
@@ -57,22 +57,37 @@ def encode_lanes(lanes: Sequence[LaneSymbols], precision_bits: int) -> bytes:
 
 
 class LaneDecoder:
-    """Decodes an interleaved stream in the order ``encode_lanes`` wrote it (the caller steps lanes in order)."""
+    """Decodes an interleaved stream in the order ``encode_lanes`` wrote it (the caller steps lanes in order).
 
-    def __init__(self, payload: bytes, precision_bits: int, fallback_total: int) -> None:
-        self.decoder = Decoder(payload)
+    A payload that ends too early raises ``PayloadOverrunError`` (``range_coder.MAX_OVERRUN``) with
+    ``tokens``: how many tokens had been decoded when it did.
+    """
+
+    def __init__(self, payload: bytes, precision_bits: int, fallback_total: int,
+                 max_overrun: int | None = MAX_OVERRUN) -> None:
+        self.decoder = Decoder(payload, max_overrun)
         self.precision_bits = precision_bits
         self.fallback_total = fallback_total
+        self.tokens = 0
 
     def target(self) -> int:
         """Where the next table symbol's interval must contain (``0 ≤ target < 2**precision_bits``)."""
         return self.decoder.decode_target(self.precision_bits)
 
     def consume(self, low: int, freq: int) -> None:
-        self.decoder.consume(low, freq, self.precision_bits)
+        try:
+            self.decoder.consume(low, freq, self.precision_bits)
+        except PayloadOverrunError as exc:
+            exc.tokens = self.tokens
+            raise
+        self.tokens += 1
 
     def fallback_rank(self) -> int:
         """After an escape: the token's rank among the ids outside the top-k."""
         rank = self.decoder.decode_target_with_total(self.fallback_total)
-        self.decoder.consume_with_total(rank, 1, self.fallback_total)
+        try:
+            self.decoder.consume_with_total(rank, 1, self.fallback_total)
+        except PayloadOverrunError as exc:
+            exc.tokens = self.tokens - 1
+            raise
         return rank

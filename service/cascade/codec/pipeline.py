@@ -29,8 +29,11 @@ from cascade.codec.container import (
     Header,
     Limits,
     SegmentRecord,
+    check_params,
+    encode_segment,
 )
 from cascade.codec.lanes import MAX_LANES, lane_lengths, split_lanes
+from cascade.codec.range_coder import PayloadOverrunError
 from cascade.codec.segmenter import Segment, Segmenter
 
 if TYPE_CHECKING:
@@ -48,11 +51,21 @@ class CodecUnavailableError(RuntimeError):
 
 
 class ModelMismatchError(ValueError):
-    """The container was made with another model (fingerprints differ)."""
+    """The container was made with another model or numerics. ``code``: ``model_mismatch`` or
+    ``numerics_mismatch``."""
+
+    def __init__(self, message: str, code: str = "model_mismatch") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class IntegrityError(ValueError):
-    """A decoded segment does not match its recorded checksum: nothing wrong is returned."""
+    """A decoded segment does not match its recorded checksum, or its payload ended before its tokens:
+    nothing wrong is returned. ``code``: ``checksum_mismatch`` or ``payload_overrun``."""
+
+    def __init__(self, message: str, code: str = "checksum_mismatch") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class SegmentResult(NamedTuple):
@@ -163,13 +176,22 @@ class CodecPipeline:
         return self.max_positions - context_tokens
 
     async def encode_tokens(self, prompt: list[int], tokens: list[int], lane_tokens: int, top_k: int,
-                            precision_bits: int) -> tuple[bytes, float]:
-        """One coded segment: ``(payload, the model's ideal bits)``."""
+                            precision_bits: int, any_bytes: bool = False) -> tuple[bytes, float]:
+        """One coded segment: ``(payload, the model's ideal bits)``. ``any_bytes``: the code is for a
+        decoder that reads zeros past its end without bound (``decode_tokens_from(any_bytes=True)``,
+        the codec on /v1/completions), so every trailing zero is dropped — the inverse of decoding
+        arbitrary bytes gives those bytes back, as release ddd10e1 did."""
         coded = await self._runner().encode(prompt, split_lanes(tokens, lane_tokens), top_k, precision_bits)
-        return coded.payload, coded.ideal_bits
+        return coded.payload.rstrip(b"\0") if any_bytes else coded.payload, coded.ideal_bits
 
     async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
-                                 top_k: int, precision_bits: int) -> list[int]:
+                                 top_k: int, precision_bits: int, any_bytes: bool = False) -> list[int]:
+        """``tokens`` tokens decoded from ``payload``; raises ``PayloadOverrunError`` when the payload ends
+        before them, unless ``any_bytes`` (decode mode turning arbitrary bytes into text): then the
+        payload is read as if followed by zeros — padded here with the most a decoder can read, 8
+        bytes a token (4 per table symbol, 4 per fallback rank, as ``range >= 2**24`` after a symbol)."""
+        if any_bytes:
+            payload += bytes(8 * (tokens + 1))
         lanes = await self._runner().decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
                                             precision_bits)
         return [t for lane in lanes for t in lane]
@@ -214,6 +236,10 @@ class CodecPipeline:
             tokens = segment.tokens
             payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
                                                       options.precision_bits)
+            if stored_raw_is_smaller(len(tokens), segment.data, payload):
+                stats.raw_segments += 1
+                stats.segments += 1
+                return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             if options.verify:
                 back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
                                                      options.precision_bits)
@@ -254,15 +280,18 @@ class CodecPipeline:
             yield result
 
     def _check_header(self, header: Header) -> None:
+        """Identity first (409: numerics, then model), then the header's own fields (422/400); all before
+        any segment is decoded."""
+        if header.numerics != self.numerics:
+            raise ModelMismatchError(f"container was made under different numerics ({header.numerics!r}; this "
+                                     f"server computes {self.numerics!r})", "numerics_mismatch")
         if header.fingerprint != self.fingerprint:
             raise ModelMismatchError(
                 f"container was made with model fingerprint {header.fingerprint.hex()[:16]}…, this server runs "
                 f"{self.fingerprint.hex()[:16]}…: decompress it with the same model")
         if header.vocab_size != self.vocab_size:
             raise ModelMismatchError(f"container vocabulary {header.vocab_size} ≠ model vocabulary {self.vocab_size}")
-        if header.numerics != self.numerics:
-            raise ModelMismatchError(f"container was made with numerics {header.numerics!r}; this server computes "
-                                     f"{self.numerics!r}")
+        check_params(header, self.separator_id)
         try:
             header.context.decode("utf-8")
         except UnicodeDecodeError:
@@ -280,8 +309,11 @@ class CodecPipeline:
                 if self.tokens_are_nonempty() and record.tokens > record.original_length:
                     raise ContainerError(f"corrupted container: segment {record.index} declares {record.tokens} "
                                          f"tokens for {record.original_length} bytes")
-                tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
-                                                       header.top_k, header.precision_bits)
+                try:
+                    tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
+                                                           header.top_k, header.precision_bits)
+                except PayloadOverrunError as exc:
+                    raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
                 data = self.decode_tokens(tokens).encode("utf-8")
             if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
                 raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the container is "
@@ -324,6 +356,20 @@ class CodecPipeline:
                 and container != reference:
             raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
                                  "(the self-test container differs from exact/reference.cz)")
+
+
+def stored_raw_is_smaller(tokens: int, original: bytes, payload: bytes) -> bool:
+    """Whether the segment's coded record would be longer than its raw record: then it is stored raw,
+    so no input grows by more than the framing (1,000 NUL bytes coded took 2,304 bytes)."""
+    return len(encode_segment(KIND_CODED, tokens, original, payload)) > len(encode_segment(KIND_RAW, 0, original,
+                                                                                            original))
+
+
+def overrun_error(what: str, exc: PayloadOverrunError, tokens: int) -> IntegrityError:
+    """The 422 for a payload the decoder ran off the end of (``range_coder.MAX_OVERRUN``)."""
+    done = f" after {exc.tokens} of its {tokens} tokens" if exc.tokens is not None else ""
+    return IntegrityError(f"{what}'s payload ends before its tokens{done}: damaged or forged ({exc})",
+                          code="payload_overrun")
 
 
 async def counted(chunks: AsyncIterator[bytes], stats: CompressStats) -> AsyncIterator[bytes]:

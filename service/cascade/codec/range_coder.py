@@ -14,10 +14,24 @@ each symbol ``[cum, cum + freq)`` of ``total`` narrows it to ``r = range // tota
 
 ``encode*`` returns the bytes that became final, so a caller can stream them; ``finish`` emits the
 fewest bytes that pin a value inside the last interval (the decoder reads zeros past the end, so
-trailing zeros are never written). Powers of two (the model's ``2**precision_bits`` tables) use a
+trailing zeros need not be written). Powers of two (the model's ``2**precision_bits`` tables) use a
 shift instead of a division; ``*_with_total`` takes any total up to 2**32 (the uniform fallback over
-the rest of a vocabulary). The decoder never fails and never blocks on a short or corrupt input: it
-reads zeros and stays bounded; the container's CRCs turn that into a clear error.
+the rest of a vocabulary).
+
+How far a decoder reads past a valid stream (``MAX_OVERRUN``). The decoder's ``range`` follows the
+encoder's exactly (same ``r``, same ``freq``), so after the symbols that made ``S`` renormalisation
+shifts in the encoder, the decoder has read exactly ``8 + S`` bytes (8 to start, one per shift).
+The encoder's stream has ``S + 2`` byte positions (``finish`` shifts twice); every position but the
+last (the final ``cache``, always 0) is emitted, so it emits ``S + 1`` bytes and ``finish`` drops
+``z`` trailing zeros of the bytes it emits itself: the decoder reads ``(8 + S) − (S + 1 − z) = 7 + z``
+bytes past the payload's end, never more. ``finish`` drops at most ``MAX_STRIPPED_ZEROS`` (16)
+zeros, so a valid stream is never read more than ``MAX_OVERRUN = 7 + 16 = 23`` bytes past its end,
+and a decoder that needs more is reading a damaged or forged payload: it raises
+``PayloadOverrunError`` at once instead of decoding tokens out of zero padding. (Release ddd10e1
+dropped every trailing zero: ``z > 16`` there needs a run of ≥ 15 pending 0xFF bytes — the interval
+straddling a byte boundary for 15 consecutive output bytes — which data-driven symbols meet with odds
+near 2^-120; such a stream is refused, no other.) ``Decoder(..., max_overrun=None)`` lifts the
+bound for callers that decode arbitrary bytes on purpose; it then never fails on short input.
 """
 
 from __future__ import annotations
@@ -31,6 +45,19 @@ BOTTOM = 1 << (STATE_BITS - 8)
 MAX_TOTAL = 1 << 32
 _TOP_SHIFT = STATE_BITS - 8
 _FF_LOW = 0xFF << _TOP_SHIFT
+MAX_STRIPPED_ZEROS = 16
+MAX_OVERRUN = 7 + MAX_STRIPPED_ZEROS
+
+
+class PayloadOverrunError(ValueError):
+    """The decoder needed more than ``MAX_OVERRUN`` bytes past the end of its payload: no valid stream
+    does (module docstring), so the payload is damaged, cut short, or forged."""
+
+    def __init__(self, read_past: int) -> None:
+        super().__init__(f"the decoder needed {read_past} bytes past the payload's end (a valid stream is never "
+                         f"read more than {MAX_OVERRUN} bytes past its end)")
+        self.read_past = read_past
+        self.tokens: int | None = None
 
 
 def _invalid(low: int, freq: int, total: int) -> ValueError:
@@ -69,7 +96,8 @@ class Encoder:
         return self._normalise() if self._range < BOTTOM else b""
 
     def finish(self) -> bytes:
-        """Flush: pick the value in ``[low, low + range)`` with the fewest significant bytes."""
+        """Flush: pick the value in ``[low, low + range)`` with the fewest significant bytes, and drop at
+        most ``MAX_STRIPPED_ZEROS`` of the trailing zeros this emits (the bound ``MAX_OVERRUN`` rests on)."""
         low = self._low
         value = -(-low // TOP) * TOP
         if value >= low + self._range:
@@ -78,7 +106,8 @@ class Encoder:
         self._shift()
         self._shift()
         self._range = TOP
-        return bytes(self._take().rstrip(b"\0"))
+        tail = self._take()
+        return tail[:max(len(tail.rstrip(b"\0")), len(tail) - MAX_STRIPPED_ZEROS)]
 
     def _normalise(self) -> bytes:
         while self._range < BOTTOM:
@@ -114,11 +143,15 @@ class Decoder:
 
     Per symbol: ``decode_target`` gives a cumulative frequency, the caller finds the symbol whose
     interval contains it, and ``consume`` advances past that interval (same totals as the encoder).
+    ``padded_bytes`` counts the zeros read past the source's end; once they exceed ``max_overrun``
+    (``MAX_OVERRUN`` by default, None for no bound) the next read raises ``PayloadOverrunError``.
     """
 
-    __slots__ = ("_buf", "_chunks", "_code", "_pos", "_range", "padded_bytes")
+    __slots__ = ("_buf", "_chunks", "_code", "_max_overrun", "_pos", "_range", "padded_bytes")
 
-    def __init__(self, source: bytes | bytearray | memoryview | Iterable[bytes]) -> None:
+    def __init__(self, source: bytes | bytearray | memoryview | Iterable[bytes],
+                 max_overrun: int | None = MAX_OVERRUN) -> None:
+        self._max_overrun = max_overrun
         self._chunks: Iterator[bytes]
         if isinstance(source, bytes | bytearray | memoryview):
             self._buf, self._chunks = bytes(source), iter(())
@@ -178,4 +211,6 @@ class Decoder:
                 self._buf, self._pos = bytes(chunk), 1
                 return self._buf[0]
         self.padded_bytes += 1
+        if self._max_overrun is not None and self.padded_bytes > self._max_overrun:
+            raise PayloadOverrunError(self.padded_bytes)
         return 0

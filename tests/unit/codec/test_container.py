@@ -20,6 +20,7 @@ from cascade.codec.container import (
     Limits,
     SegmentRecord,
     Trailer,
+    check_params,
     encode_header,
     parse_container,
     varint,
@@ -246,3 +247,35 @@ def test_overwritten_bytes_are_rejected(at: int, junk: bytes) -> None:
         damaged = SAMPLE[:at] + bytes([SAMPLE[at] ^ 1]) + SAMPLE[at + 1:]
     with pytest.raises(ContainerError):
         parse_container(damaged)
+
+
+def _header_with_params(params: bytes) -> Header:
+    body = (b"CSCZ" + bytes([VERSION]) + b"\0" * 32 + varint(5) + b"exact" + bytes([32]) + varint(64)
+            + varint(8192) + varint(100) + varint(len(params)) + params + varint(0))
+    header = ContainerReader().feed(body + struct.pack("<I", zlib.crc32(body)))[0]
+    assert isinstance(header, Header)
+    return header
+
+
+@pytest.mark.parametrize(("params", "why"), [
+    (b'{"separator_id":NaN}', "not canonical"), (b'{"separator_id": 1}', "not canonical"),
+    (b'{"separator_id":1.0}', "this model's separator"), (b'{"separator_id":01}', "not canonical"),
+    (b"", "not canonical"), (b'{"separator_id":2}', "this model's separator"), (b"{}", "this model's separator"),
+    (b'{"separator_id":1,"x":0}', "this model's separator"), (b'{"separator_id":"1"}', "this model's separator"),
+    (b'{"separator_id":true}', "this model's separator"),
+])
+def test_header_params_other_than_the_writers_are_a_damaged_container(params: bytes, why: str) -> None:
+    try:
+        header = _header_with_params(params)
+    except ContainerError as exc:  # not even JSON: refused by the reader already
+        assert exc.code == "corrupted_container"
+        return
+    with pytest.raises(ContainerError, match=f"damaged container: .*{why}") as caught:
+        check_params(header, 1)
+    assert caught.value.code == "damaged_container"
+
+
+def test_the_writers_params_pass() -> None:
+    check_params(_header_with_params(b'{"separator_id":1}'), 1)
+    check_params(parse_container(_container(Header(b"\0" * 32, 16, 8, 100, "exact", 50, {"separator_id": 7}),
+                                            [])).header, 7)

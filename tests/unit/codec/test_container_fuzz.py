@@ -5,9 +5,8 @@ containers whose checksums are *right* but whose declared sizes, counts, kinds a
 are hostile (huge lengths, segment counts over the limits, nested JSON, lying trailers), then
 truncates, bit-flips and re-chunks them. Every input must end in ``ContainerError`` (or parse, for
 inputs that are in fact valid) — never another exception — quickly and with memory bounded by the
-input's real size, not by what it claims. The decode-step fuzz feeds random payloads to the range
-decoder the codec's logits processor runs inside the engine, where an exception would kill the
-engine process.
+input's real size, not by what it claims. The decode-step fuzz feeds random payloads to the lane
+decoder the exact runner steps: they decode to tokens or stop with ``PayloadOverrunError``, nothing else.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from cascade.codec.container import (
 )
 from cascade.codec.exact.frequencies import frequency_tables, rank_to_token
 from cascade.codec.lanes import LaneDecoder
+from cascade.codec.range_coder import MAX_OVERRUN, PayloadOverrunError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -227,11 +227,20 @@ def test_more_segments_than_the_limit_fail_at_the_first_one_over(count: int) -> 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64), st.lists(st.integers(1, 30), min_size=1, max_size=6), st.integers(2, 9000),
        st.integers(1, 64), st.sampled_from([16, 24, 32]), st.integers(0, 2**32 - 1))
-def test_decoding_random_payloads_never_raises(payload: bytes, lengths: list[int], vocab: int, k: int,
-                                               precision: int, seed: int) -> None:
+def test_decoding_random_payloads_gives_tokens_or_an_overrun_error(payload: bytes, lengths: list[int], vocab: int,
+                                                                   k: int, precision: int, seed: int) -> None:
     """What the exact runner does with a forged payload: any bytes decode to *some* in-vocabulary tokens,
-    lane by lane (the segment's CRC then rejects them)."""
+    lane by lane (the segment's CRC then rejects them), or stop with ``PayloadOverrunError`` once the
+    decoder reads past the payload further than a valid stream ever is — never another exception."""
     TRIED["decode_step"] += 1
+    try:
+        _decode_random(payload, lengths, vocab, k, precision, seed)
+    except PayloadOverrunError as exc:
+        OUTCOMES["payload_overrun"] += 1
+        assert exc.read_past == MAX_OVERRUN + 1 and exc.tokens is not None and exc.tokens >= 0
+
+
+def _decode_random(payload: bytes, lengths: list[int], vocab: int, k: int, precision: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     k = min(k, vocab - 1)
     decoder = LaneDecoder(payload, precision, vocab - k)

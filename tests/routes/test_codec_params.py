@@ -1,0 +1,57 @@
+"""/compress parameters: one typing rule for JSON and the query string, 400s that name the parameter.
+
+The route tier's service has the codec off, so a request whose parameters are valid gets the codec's
+503; a request with a bad parameter gets its 400 before that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.routes.conftest import FakeService
+
+TEXT = {"content-type": "text/plain"}
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    ("lanes=%C2%B2", "lanes"), ("top_k=%C2%B2", "top_k"), ("lane_tokens=%C2%B2", "lane_tokens"),
+    ("precision_bits=%C2%B2", "precision_bits"), ("segment_tokens=%C2%B2", "segment_tokens"),
+    ("lanes=%D9%A1%D9%A2", "lanes"), ("top_k=%EF%BC%98", "top_k"), ("lanes=8.0", "lanes"), ("lanes=", "lanes"),
+    ("lanes=%2B8", "lanes"), ("lanes=1e3", "lanes"), ("lanes=9" * 1 + "9" * 30, "lanes"),
+    ("verify=banana", "verify"), ("verify=", "verify"), ("verify=truee", "verify"), ("lanes=65", "lanes"),
+    ("precision_bits=12", "precision_bits"), ("unknown=1", "unknown"),
+])
+def test_a_bad_query_parameter_is_a_400_naming_it(fake_service: FakeService, query: str, param: str) -> None:
+    with fake_service.client() as client:
+        r = client.post(f"/compress?{query}", content=b"x", headers=TEXT)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("query", ["lanes=8", "lanes=08", "verify=TRUE", "verify=no", "verify=1", "verify=Yes",
+                                   "precision_bits=24&top_k=16&lane_tokens=32", "segment_tokens=64"])
+def test_a_well_formed_query_passes_validation(fake_service: FakeService, query: str) -> None:
+    with fake_service.client() as client:
+        r = client.post(f"/compress?{query}", content=b"x", headers=TEXT)
+    assert r.status_code == 503, r.text
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("lanes", "8"), ("precision_bits", "32"), ("top_k", "16"), ("lane_tokens", 32.0), ("lanes", True),
+    ("verify", "true"), ("verify", 1), ("verify", "banana"), ("lanes", "²"),
+])
+def test_json_values_must_have_their_json_type(fake_service: FakeService, field: str, value: Any) -> None:
+    with fake_service.client() as client:
+        r = client.post("/compress", json={"text": "x", field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+
+
+def test_json_values_of_the_right_type_pass_validation(fake_service: FakeService) -> None:
+    with fake_service.client() as client:
+        r = client.post("/compress", json={"text": "x", "lanes": 8, "precision_bits": 32, "top_k": 16,
+                                           "lane_tokens": 32, "verify": True, "context": "# c\n"})
+    assert r.status_code == 503, r.text
