@@ -202,24 +202,28 @@ class EngineManager:
 async def probe_hooks(engines: EngineManager) -> None:
     """Prove each installed hook takes effect before the service reports ready.
 
-    An export under ``top_k=2`` must come back with at most two candidates per position (the
-    export hook ran the sampling stack over the prompt logits); a prediction must be drafted from
-    (the bind-batch hook told the proposer which request sits in each row)."""
+    Each probe asks for something only the hook can deliver, whatever the dtype or the host's
+    numerics: an export restricted to two allowed tokens must return only those at every position
+    (raw prompt logprobs would name four tokens from the whole vocabulary; a ``top_k`` probe would
+    not do, tied logits legitimately keep more than ``k``); a prediction must be drafted from (the
+    bind-batch hook told the proposer which request sits in each row)."""
     from cascade.engine.types import Prediction
     from cascade.vllm_compat.version import IncompatibleVllmError
 
     engines._probe_task = asyncio.current_task()
     try:
         prompt = list(engines.tokenizer.encode("def add(a, b):\n    return a + b\n", add_special_tokens=False))
+        allowed = tuple(sorted(set(prompt)))[:2]
         try:
-            positions = await engines.export(prompt, GenerationRequest(max_tokens=1, top_k=2, export_top_k=4),
-                                             "cascade-probe-export")
+            positions = await engines.export(prompt, GenerationRequest(max_tokens=1, allowed_token_ids=allowed,
+                                                                       export_top_k=4), "cascade-probe-export")
         except Exception as exc:
             raise IncompatibleVllmError(f"the start-up probe of the top-k export (prompt log-probabilities through "
                                         f"the export hook) failed: {type(exc).__name__}: {exc}") from exc
-        if not positions or any(len(p.ids) > 2 for p in positions):
-            raise IncompatibleVllmError("the top-k export hook did not process the prompt logits (a top_k=2 export "
-                                        "returned more than 2 candidates): vLLM's prompt-logprobs path changed")
+        problem = export_probe_problem(positions, len(prompt), allowed)
+        if problem:
+            raise IncompatibleVllmError(f"the top-k export hook did not process the prompt logits ({problem}): "
+                                        f"vLLM's prompt-logprobs path changed")
         if EngineRole.PREDICT in engines.engines:
             greedy = GenerationRequest(max_tokens=8, temperature=0.0, ignore_eos=True)
             drafted = 0
@@ -237,3 +241,18 @@ async def probe_hooks(engines: EngineManager) -> None:
                                             "changed")
     finally:
         engines._probe_task = None
+
+
+def export_probe_problem(positions: Sequence[ExportPosition], prompt_length: int, allowed: Sequence[int]) -> str:
+    """What is wrong with the export probe's answer (empty: the hook processed every position).
+
+    The probe exports with ``allowed_token_ids`` set to ``allowed``: processed logits leave only
+    those finite, raw ones would rank tokens from the whole vocabulary."""
+    if len(positions) != prompt_length - 1:
+        return f"{len(positions)} positions came back for a {prompt_length}-token prompt"
+    for position in positions:
+        outside = sorted(set(position.ids) - set(allowed))
+        if not position.ids or outside:
+            return (f"position {position.index} holds token(s) {outside or '(none)'} although only "
+                    f"{list(allowed)} were allowed")
+    return ""
