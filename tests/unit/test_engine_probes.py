@@ -1,8 +1,11 @@
-"""The start-up export probe tells processed prompt logits from raw ones, whatever the logits' ties."""
+"""Start-up facts the engine adapter reads: the export probe tells processed prompt logits from raw ones
+whatever the logits' ties, and the end-of-sequence ids come from the tokenizer and the generation config."""
 
 from __future__ import annotations
 
-from cascade.engine.manager import export_probe_problem
+from types import SimpleNamespace
+
+from cascade.engine.manager import end_of_sequence_ids, export_probe_problem
 from cascade.export.topk import ExportPosition
 
 
@@ -25,3 +28,20 @@ def test_raw_prompt_logprobs_naming_other_tokens_fail_the_probe() -> None:
 def test_missing_positions_or_empty_distributions_fail_the_probe() -> None:
     assert "1 positions came back for a 4-token prompt" in export_probe_problem([_position(1, (5,))], 4, (5, 9))
     assert "(none)" in export_probe_problem([_position(1, ())], 2, (5, 9))
+
+
+def _engine(generation_config: dict[str, object] | Exception) -> SimpleNamespace:
+    def read() -> dict[str, object]:
+        if isinstance(generation_config, Exception):
+            raise generation_config
+        return generation_config
+
+    return SimpleNamespace(model_config=SimpleNamespace(try_get_generation_config=read))
+
+
+def test_end_of_sequence_ids_join_the_tokenizer_and_the_generation_config() -> None:
+    tokenizer = SimpleNamespace(eos_token_id=1)
+    assert end_of_sequence_ids(tokenizer, _engine({"eos_token_id": [5, 9]})) == {1, 5, 9}
+    assert end_of_sequence_ids(tokenizer, _engine({"eos_token_id": 5})) == {1, 5}
+    assert end_of_sequence_ids(tokenizer, _engine(OSError("no generation_config.json"))) == {1}
+    assert end_of_sequence_ids(SimpleNamespace(eos_token_id=None), _engine({})) == frozenset()

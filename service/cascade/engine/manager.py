@@ -48,6 +48,7 @@ class EngineManager:
     started_at: float = 0.0
     aborted: int = 0
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    eos_token_ids: frozenset[int] = frozenset()
     _tokenizer: Any = None
     _probe_task: asyncio.Task[Any] | None = None
 
@@ -77,6 +78,7 @@ class EngineManager:
 
             await asyncio.gather(*(start_one(role) for role in self.roles()))
             self._tokenizer = self.engines[EngineRole.MAIN].get_tokenizer()
+            self.eos_token_ids = end_of_sequence_ids(self._tokenizer, self.engines[EngineRole.MAIN])
             await probe_hooks(self)
             self.started_at = time.time()
             self._ready.set()
@@ -197,6 +199,21 @@ class EngineManager:
                 logger.exception("engine shutdown failed", extra={"role": role.value})
         self.engines.clear()
         self._ready.clear()
+
+
+def end_of_sequence_ids(tokenizer: Any, engine: Any) -> frozenset[int]:
+    """Every id on which the engine ends a generation: the tokenizer's EOS and those of the model's
+    generation config (vLLM stops on both; a chat model often ends its turns with another token
+    than the document's EOS, and some list several)."""
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    try:
+        configured = engine.model_config.try_get_generation_config().get("eos_token_id")
+    except Exception:  # a model without a readable generation config ends on the tokenizer's EOS only
+        configured = None
+    for value in configured if isinstance(configured, list) else [configured]:
+        if isinstance(value, int):
+            ids.add(value)
+    return frozenset(ids)
 
 
 async def probe_hooks(engines: EngineManager) -> None:
