@@ -34,6 +34,15 @@ class TokenTable:
     def __len__(self) -> int:
         return len(self.strings)
 
+    def string(self, token: int) -> str:
+        """The token's text; ``""`` for an id past the tokenizer (models often pad their output
+        vocabulary beyond it, e.g. to a multiple of 64, and those ids can still be ranked)."""
+        return self.strings[token] if 0 <= token < len(self.strings) else ""
+
+    def data(self, token: int) -> bytes:
+        """The token's bytes; empty for an id past the tokenizer (see ``string``)."""
+        return self.raw[token] if 0 <= token < len(self.raw) else b""
+
 
 def build_token_table(tokenizer: Any) -> TokenTable:
     size = len(tokenizer)

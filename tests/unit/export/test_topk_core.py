@@ -126,6 +126,16 @@ def test_token_table_bytes_reassemble_the_text() -> None:
     assert b"".join(table.raw[i] for i in ids) == text.encode("utf-8")
 
 
+def test_ids_past_the_tokenizer_render_as_empty_text() -> None:
+    """Models pad their output vocabulary past the tokenizer (Qwen2: 151,936 rows, 151,665 tokens);
+    a padded id the model ranks must render, not fail the export."""
+    from transformers import AutoTokenizer
+
+    table = build_token_table(AutoTokenizer.from_pretrained(MODEL))
+    assert (table.string(len(table) + 5), table.data(len(table) + 5)) == ("", b"")
+    assert table.data(10) == table.raw[10] and table.string(10) == table.strings[10]
+
+
 def _document(k: int, rows: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
     rng = np.random.default_rng(rows)
     targets = [int(t) for t in rng.integers(0, 8192, rows)]
