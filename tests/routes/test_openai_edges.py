@@ -74,3 +74,11 @@ def test_chat_without_a_chat_template_is_a_400_naming_it_and_completions_still_w
         _sdk(service).chat.completions.create(model=MODEL, messages=REPLAY[:1], max_tokens=3)  # type: ignore[arg-type]
     assert caught.value.code == "no_chat_template" and "no chat template" in caught.value.message
     assert _sdk(service).completions.create(model=MODEL, prompt="def f():", max_tokens=3).choices[0].text
+
+
+@pytest.mark.parametrize(("field", "value"), [("echo", True), ("suffix", "\n# end"), ("best_of", 3)])
+def test_completion_options_this_service_does_not_implement_are_400s_naming_them(
+        service: FakeService, field: str, value: object) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).completions.create(model=MODEL, prompt="def f():", max_tokens=3, **{field: value})  # type: ignore[call-overload]
+    assert caught.value.body["param"] == field and "not supported" in caught.value.message  # type: ignore[index]
