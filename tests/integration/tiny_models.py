@@ -32,6 +32,12 @@ class TinyModel:
     codec: bool = True  # False: the exact codec must refuse it (503 naming ``codec_reason``)
     codec_reason: str = ""
     serve_args: tuple[str, ...] = field(default=())
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# ATen and oneDNN limited to AVX2, which every x86-64 host of this kind has (never ask for AVX-512):
+# on an AVX-512 machine half-precision engines then run the kernels an AVX2-only one runs.
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def _llama(**overrides: Any) -> dict[str, Any]:
@@ -58,12 +64,13 @@ MATRIX: tuple[TinyModel, ...] = (
         num_key_value_heads=2, rope_parameters={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 128, "rope_theta": 500000.0}),
-        "pycoder", chat_template=False),
+        "pycoder", chat_template=False, serve_args=("--no-enable-predictions", "--dtype", "bfloat16"), env=AVX2_ONLY),
     TinyModel("tiny-gpt2", {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 4,
         "n_positions": 512, "n_inner": 256, "activation_function": "gelu_new", "initializer_range": 0.2,
         "tie_word_embeddings": True, "dtype": "float32"},
-        "pycoder", codec=False, codec_reason="GPT2LMHeadModel", serve_args=("--no-enable-predictions",)),
+        "pycoder", codec=False, codec_reason="GPT2LMHeadModel",
+        serve_args=("--no-enable-predictions", "--dtype", "float16"), env=AVX2_ONLY),
 )
 
 
@@ -100,6 +107,13 @@ def _renamed_specials_tokenizer(folder: Path, chat_template: bool) -> dict[str, 
     return {"vocab_size": -(-len(fast) // 64) * 64, **ids}  # padded past the tokenizer, as many models are
 
 
+def model_vocab_of_tokenizer(folder: Path) -> int:
+    """How many ids the checkpoint's tokenizer has (the model's output vocabulary may be larger)."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(folder))
+
+
 def build(model: TinyModel, folder: Path, seed: int = 0) -> Path:
     """Write ``model``'s checkpoint into ``folder`` (created) and return it."""
     import torch
@@ -112,6 +126,8 @@ def build(model: TinyModel, folder: Path, seed: int = 0) -> Path:
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     torch.manual_seed(seed)
     network = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # untrained padding rows stay at zero, as in real checkpoints: never the argmax
+        network.get_output_embeddings().weight[model_vocab_of_tokenizer(folder):] = 0.0
     network.save_pretrained(folder, safe_serialization=True)
     written = json.loads((folder / "config.json").read_text())
     written.update({key: model.config[key] for key in ("rope_parameters",) if key in model.config})
