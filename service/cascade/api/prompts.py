@@ -51,10 +51,13 @@ def _tool_call(call: ToolCall, structured: bool) -> dict[str, Any]:
     """A replayed tool call: Hugging Face's shape (arguments as an object when they parse as one,
     as tool-aware templates expect) for a template that reads ``tool_calls``, otherwise one JSON
     line of text."""
+    arguments: Any = call.function.arguments
     try:
-        arguments: Any = json.loads(call.function.arguments)
+        parsed = json.loads(arguments)
     except ValueError:
-        arguments = call.function.arguments
+        parsed = None
+    if isinstance(parsed, dict):
+        arguments = parsed
     if structured:
         return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
     return {"name": call.function.name, "arguments": arguments}
