@@ -69,17 +69,22 @@ def test_chat_answers_or_names_the_missing_chat_template(served: Served) -> None
 
 
 def test_completions_stream_the_same_text_as_without_streaming(served: Served) -> None:
-    service = served.service
+    """Greedy, so the same text both ways in float32; half-precision engines only promise the token
+    count (the second request reads the first one's prompt from the prefix cache, and bf16 logits of
+    a random model can tie within the rounding of another kernel shape)."""
+    model, service = served.model, served.service
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     plain = _post(service, "/v1/completions", body)
     assert plain.status_code == 200, plain.text
     assert plain.json()["usage"]["completion_tokens"] == 12
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
     with service.client() as client, client.stream("POST", "/v1/completions",
-                                                   json={"model": _name(service), **body, "stream": True}) as r:
+                                                   json={"model": _name(service), **streamed}) as r:
         assert r.status_code == 200
-        pieces = [json.loads(line[6:])["choices"][0]["text"] for line in r.iter_lines()
-                  if line.startswith("data: {") and json.loads(line[6:])["choices"]]
-    assert "".join(pieces) == plain.json()["choices"][0]["text"]
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    if "--dtype" not in model.serve_args:
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == plain.json()["choices"][0]["text"]
 
 
 def test_a_prediction_of_the_output_is_accepted_and_changes_no_text(served: Served) -> None:
