@@ -47,8 +47,8 @@ class EngineManager:
     fingerprint: bytes = b""
     started_at: float = 0.0
     aborted: int = 0
+    eos_token_ids: frozenset[int] = frozenset()  # every id a generation ends on (k-CBS blocks them all)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
-    eos_token_ids: frozenset[int] = frozenset()
     _tokenizer: Any = None
     _probe_task: asyncio.Task[Any] | None = None
 
