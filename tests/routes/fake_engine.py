@@ -81,6 +81,10 @@ class FakeEngines:
 
     # --- what routes and the lifecycle call -------------------------------------------------------
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset({self.tokenizer.eos_token_id})
+
     async def start(self) -> None:
         self.ready = True
 

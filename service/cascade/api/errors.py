@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cascade.api.openai_protocol import LoneSurrogateError
 from cascade.engine.manager import EngineNotReadyError
 from cascade.engine.types import EngineFailedError, EngineRequestError
 
@@ -70,6 +71,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "Invalid request", None
     first = errors[0]
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, LoneSurrogateError):
+        loc.extend(str(part) for part in cause.path)
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return "Request body is not valid JSON: " + str(first.get("msg", "")), None

@@ -128,13 +128,13 @@ async def kcbs(body: KcbsRequest, request: Request,
         raise APIError(400, f"target has {len(target)} tokens: a {body.steps}-token sequence is never within "
                             f"{body.max_edit_distance} edits of more than {body.steps + body.max_edit_distance}",
                        param="target")
-    eos_id = engines.tokenizer.eos_token_id
-    search = KcbsSearch(body.beam_width, body.steps, body.final_prune, eos_id, body.eos)
+    eos_ids = engines.eos_token_ids
+    search = KcbsSearch(body.beam_width, body.steps, body.final_prune, eos_ids, body.eos)
     rid = request_id(request)
     metrics.prompt_tokens.labels("kcbs").inc(len(prompt))
 
     def steps() -> AsyncIterator[KcbsSearch]:
-        return run_search(engines.top_logprobs, prompt, search, body.beam_width, eos_id, body.temperature, rid,
+        return run_search(engines.top_logprobs, prompt, search, body.beam_width, eos_ids, body.temperature, rid,
                           gateway.live_searches)
 
     if body.stream:

@@ -7,25 +7,43 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-def has_lone_surrogate(value: object) -> bool:
-    """True when a string anywhere in ``value`` (keys too) holds a lone UTF-16 surrogate: valid JSON
-    (``"\\ud800"``) that no tokenizer, engine or UTF-8 reply can encode. Iterative: nesting depth
-    costs no recursion."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+def _unencodable(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
+
+
+def lone_surrogate_path(value: object) -> tuple[str | int, ...] | None:
+    """Where in ``value`` a string holds a lone UTF-16 surrogate: valid JSON (``"\\ud800"``) that no
+    tokenizer, engine or UTF-8 reply can encode. ``None`` when there is none; ``()`` for ``value``
+    itself; a key holding one is named by its dictionary's path (the key itself cannot be echoed).
+    Iterative: nesting depth costs no recursion."""
+    stack: list[tuple[tuple[str | int, ...], object]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _unencodable(item):
+                return path
+        elif isinstance(item, dict):
+            if any(isinstance(key, str) and _unencodable(key) for key in item):
+                return path
+            stack.extend(((*path, str(key)), child) for key, child in reversed(item.items()))
+        elif isinstance(item, list | tuple):
+            stack.extend(((*path, index), child) for index, child in reversed(list(enumerate(item))))
+    return None
+
+
+class LoneSurrogateError(ValueError):
+    """A field's value holds a lone surrogate at ``path`` (below the field): the error handler
+    appends it to the field's location, so the 400 names the exact string."""
+
+    def __init__(self, path: tuple[str | int, ...]) -> None:
+        super().__init__("text must be valid Unicode: a lone surrogate such as \\ud800 cannot be encoded")
+        self.path = path
 
 
 class StrictModel(BaseModel):
@@ -37,8 +55,9 @@ class StrictModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _valid_unicode(cls, value: object) -> object:
-        if has_lone_surrogate(value):
-            raise ValueError("text must be valid Unicode: a lone surrogate such as \\ud800 cannot be encoded")
+        path = lone_surrogate_path(value)
+        if path is not None:
+            raise LoneSurrogateError(path)
         return value
 
 
@@ -151,10 +170,26 @@ class MediaPart(BaseModel):
     type: Literal["image_url", "input_image", "input_audio", "file"]
 
 
+class ToolCallFunction(StrictModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(StrictModel):
+    """A tool call an earlier assistant turn made (replayed history: this model never makes one)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | MediaPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
 
     def media(self) -> str | None:
         """The type of the first non-text content part, if any."""

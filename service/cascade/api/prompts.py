@@ -4,12 +4,13 @@ Shared by the OpenAI routes and k-CBS, so no route module imports another."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_fits
 from cascade.api.input_bounds import tokenize as tokenize_text
-from cascade.api.openai_protocol import ChatMessage
+from cascade.api.openai_protocol import ChatMessage, ToolCall
 from cascade.api.sampling import check_token_ids
 from cascade.engine.manager import EngineManager
 
@@ -46,21 +47,54 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
     return out
 
 
-def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str, str]]:
+def _tool_call(call: ToolCall, structured: bool) -> dict[str, Any]:
+    """A replayed tool call: Hugging Face's shape (arguments as an object when they parse as one,
+    as tool-aware templates expect) for a template that reads ``tool_calls``, otherwise one JSON
+    line of text."""
+    arguments: Any = call.function.arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        arguments = parsed
+    if structured:
+        return {"id": call.id, "type": call.type, "function": {"name": call.function.name, "arguments": arguments}}
+    return {"name": call.function.name, "arguments": arguments}
+
+
+def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages for the chat template; a ``name`` goes to the template when the template reads
-    names, and is refused otherwise (dropping it would silently change the conversation)."""
-    reads_names = "name" in str(getattr(tokenizer, "chat_template", None) or "")
+    names, and is refused otherwise (dropping it would silently change the conversation).
+
+    A replayed tool exchange (an assistant turn with ``tool_calls``, then ``tool`` turns) is history
+    this model never produces but can read: a template that reads ``tool_calls`` / ``tool_call_id``
+    gets them as such, any other template gets each call as a JSON line after the assistant's text."""
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    reads_names = "name" in template
     messages = []
     for i, message in enumerate(chat):
         if (media := message.media()) is not None:
             raise APIError(400, f"{media} content parts are not supported: this model reads text only",
                            param=f"messages.{i}.content", code="unsupported_content")
-        rendered = {"role": message.role, "content": message.text()}
+        if message.tool_calls is not None and message.role != "assistant":
+            raise APIError(400, "only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls")
+        if message.tool_call_id is not None and message.role != "tool":
+            raise APIError(400, "only tool messages carry a tool_call_id", param=f"messages.{i}.tool_call_id")
+        rendered: dict[str, Any] = {"role": message.role, "content": message.text() or message.refusal or ""}
         if message.name is not None:
             if not reads_names:
                 raise APIError(400, "message names are not supported: this model's chat template does not use "
                                     "them", param=f"messages.{i}.name", code="unsupported_parameter")
             rendered["name"] = message.name
+        if message.tool_calls:
+            if "tool_calls" in template:
+                rendered["tool_calls"] = [_tool_call(call, True) for call in message.tool_calls]
+            else:
+                lines = [json.dumps(_tool_call(call, False)) for call in message.tool_calls]
+                rendered["content"] = "\n".join(filter(None, [rendered["content"], *lines]))
+        if message.tool_call_id is not None and "tool_call_id" in template:
+            rendered["tool_call_id"] = message.tool_call_id
         messages.append(rendered)
     return messages
 
@@ -68,6 +102,9 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
 async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int) -> list[int]:
     """Render messages with the model's chat template, then tokenise (refused first when the
     messages alone cannot fit in ``max_len`` tokens)."""
+    if not getattr(engines.tokenizer, "chat_template", None):
+        raise APIError(400, "this model has no chat template, so chat messages cannot be rendered; use "
+                            "/v1/completions with a prompt", param="messages", code="no_chat_template")
     messages = _template_messages(engines.tokenizer, chat)
     check_fits(sum(len(m["content"]) for m in messages), max_len, engines.tokenizer, "messages")
     try:

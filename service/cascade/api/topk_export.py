@@ -68,10 +68,10 @@ def export_request(body: CompletionRequest, k: int, settings: Settings, vocab_si
 
 
 def render_position(position: ExportPosition, table: TokenTable) -> dict[str, Any]:
-    top = [{"token": table.strings[t], "token_id": t, "logprob": lp, "bytes": list(table.raw[t]), "rank": rank}
+    top = [{"token": table.string(t), "token_id": t, "logprob": lp, "bytes": list(table.data(t)), "rank": rank}
            for rank, (t, lp) in enumerate(zip(position.ids, position.logprobs, strict=True), start=1)]
-    return {"token": table.strings[position.target], "token_id": position.target,
-            "logprob": position.target_logprob, "bytes": list(table.raw[position.target]),
+    return {"token": table.string(position.target), "token_id": position.target,
+            "logprob": position.target_logprob, "bytes": list(table.data(position.target)),
             "rank": position.target_rank, "top_logprobs": top}
 
 

@@ -47,6 +47,7 @@ class EngineManager:
     fingerprint: bytes = b""
     started_at: float = 0.0
     aborted: int = 0
+    eos_token_ids: frozenset[int] = frozenset()  # every id a generation ends on (k-CBS blocks them all)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _tokenizer: Any = None
     _probe_task: asyncio.Task[Any] | None = None
@@ -77,6 +78,7 @@ class EngineManager:
 
             await asyncio.gather(*(start_one(role) for role in self.roles()))
             self._tokenizer = self.engines[EngineRole.MAIN].get_tokenizer()
+            self.eos_token_ids = end_of_sequence_ids(self._tokenizer, self.engines[EngineRole.MAIN])
             await probe_hooks(self)
             self.started_at = time.time()
             self._ready.set()
@@ -199,27 +201,46 @@ class EngineManager:
         self._ready.clear()
 
 
+def end_of_sequence_ids(tokenizer: Any, engine: Any) -> frozenset[int]:
+    """Every id on which the engine ends a generation: the tokenizer's EOS and those of the model's
+    generation config (vLLM stops on both; a chat model often ends its turns with another token
+    than the document's EOS, and some list several)."""
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    try:
+        configured = engine.model_config.try_get_generation_config().get("eos_token_id")
+    except Exception:  # a model without a readable generation config ends on the tokenizer's EOS only
+        configured = None
+    for value in configured if isinstance(configured, list) else [configured]:
+        if isinstance(value, int):
+            ids.add(value)
+    return frozenset(ids)
+
+
 async def probe_hooks(engines: EngineManager) -> None:
     """Prove each installed hook takes effect before the service reports ready.
 
-    An export under ``top_k=2`` must come back with at most two candidates per position (the
-    export hook ran the sampling stack over the prompt logits); a prediction must be drafted from
-    (the bind-batch hook told the proposer which request sits in each row)."""
+    Each probe asks for something only the hook can deliver, whatever the dtype or the host's
+    numerics: an export restricted to two allowed tokens must return only those at every position
+    (raw prompt logprobs would name four tokens from the whole vocabulary; a ``top_k`` probe would
+    not do, tied logits legitimately keep more than ``k``); a prediction must be drafted from (the
+    bind-batch hook told the proposer which request sits in each row)."""
     from cascade.engine.types import Prediction
     from cascade.vllm_compat.version import IncompatibleVllmError
 
     engines._probe_task = asyncio.current_task()
     try:
         prompt = list(engines.tokenizer.encode("def add(a, b):\n    return a + b\n", add_special_tokens=False))
+        allowed = tuple(sorted(set(prompt)))[:2]
         try:
-            positions = await engines.export(prompt, GenerationRequest(max_tokens=1, top_k=2, export_top_k=4),
-                                             "cascade-probe-export")
+            positions = await engines.export(prompt, GenerationRequest(max_tokens=1, allowed_token_ids=allowed,
+                                                                       export_top_k=4), "cascade-probe-export")
         except Exception as exc:
             raise IncompatibleVllmError(f"the start-up probe of the top-k export (prompt log-probabilities through "
                                         f"the export hook) failed: {type(exc).__name__}: {exc}") from exc
-        if not positions or any(len(p.ids) > 2 for p in positions):
-            raise IncompatibleVllmError("the top-k export hook did not process the prompt logits (a top_k=2 export "
-                                        "returned more than 2 candidates): vLLM's prompt-logprobs path changed")
+        problem = export_probe_problem(positions, len(prompt), allowed)
+        if problem:
+            raise IncompatibleVllmError(f"the top-k export hook did not process the prompt logits ({problem}): "
+                                        f"vLLM's prompt-logprobs path changed")
         if EngineRole.PREDICT in engines.engines:
             greedy = GenerationRequest(max_tokens=8, temperature=0.0, ignore_eos=True)
             drafted = 0
@@ -237,3 +258,18 @@ async def probe_hooks(engines: EngineManager) -> None:
                                             "changed")
     finally:
         engines._probe_task = None
+
+
+def export_probe_problem(positions: Sequence[ExportPosition], prompt_length: int, allowed: Sequence[int]) -> str:
+    """What is wrong with the export probe's answer (empty: the hook processed every position).
+
+    The probe exports with ``allowed_token_ids`` set to ``allowed``: processed logits leave only
+    those finite, raw ones would rank tokens from the whole vocabulary."""
+    if len(positions) != prompt_length - 1:
+        return f"{len(positions)} positions came back for a {prompt_length}-token prompt"
+    for position in positions:
+        outside = sorted(set(position.ids) - set(allowed))
+        if not position.ids or outside:
+            return (f"position {position.index} holds token(s) {outside or '(none)'} although only "
+                    f"{list(allowed)} were allowed")
+    return ""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,6 +91,14 @@ def _logsumexp(values: Sequence[float]) -> float:
     return peak + math.log(math.fsum(math.exp(v - peak) for v in values))
 
 
+def end_ids(eos: int | Collection[int] | None) -> frozenset[int]:
+    """The end-of-sequence ids as a set: a model may end on several (a chat model's end of turn
+    besides the document's EOS), and k-CBS blocks or stops on every one."""
+    if eos is None:
+        return frozenset()
+    return frozenset({eos} if isinstance(eos, int) else eos)
+
+
 class KcbsSearch:
     """k-CBS for one request, advanced one step at a time by whoever owns the model.
 
@@ -106,7 +114,7 @@ class KcbsSearch:
         beam_width: int,
         steps: int,
         final_prune: bool,
-        eos_token_id: int | None = None,
+        eos_token_id: int | Collection[int] | None = None,
         eos_policy: EosPolicy = "block",
     ) -> None:
         if isinstance(beam_width, bool) or not isinstance(beam_width, int):
@@ -122,7 +130,7 @@ class KcbsSearch:
         self._beam_width = beam_width
         self._steps = steps
         self._final_prune = bool(final_prune)
-        self._eos_token_id = eos_token_id
+        self._eos_ids = end_ids(eos_token_id)
         self._eos_policy: EosPolicy = eos_policy
         self._step = 0
         self._rows_evaluated = 0
@@ -141,7 +149,7 @@ class KcbsSearch:
     @property
     def mask_eos(self) -> bool:
         """Whether the driver must mask EOS in this step's distribution before taking the top-k."""
-        return self._eos_policy == "block" and self._eos_token_id is not None and not self.done
+        return self._eos_policy == "block" and bool(self._eos_ids) and not self.done
 
     def pending(self) -> list[BeamRow]:
         """The rows to evaluate this step, in the order `advance` expects their results."""
@@ -189,15 +197,15 @@ class KcbsSearch:
                 kept.append((int(token), lp))
         if not kept:
             raise ValueError("a row's top-k has no token with finite logprob")
-        if self.mask_eos and any(token == self._eos_token_id for token, _ in kept):
-            raise ValueError(f"EOS token {self._eos_token_id} has finite logprob although it must be masked")
+        if self.mask_eos and any(token in self._eos_ids for token, _ in kept):
+            raise ValueError(f"an EOS token {sorted(self._eos_ids)} has finite logprob although it must be masked")
         log_mass = _logsumexp([lp for _, lp in kept])
-        stop_on_eos = self._eos_policy == "stop" and self._eos_token_id is not None
+        stop_on_eos = self._eos_policy == "stop"
         return [
             _Entry(
                 (*row.token_ids, token),
                 row.score + (lp - log_mass),
-                stop_on_eos and token == self._eos_token_id,
+                stop_on_eos and token in self._eos_ids,
                 row.model_logprob + float(raw[token]) if row.model_logprob is not None and token in raw else None,
             )
             for token, lp in kept
@@ -239,7 +247,7 @@ def run_kcbs(
     beam_width: int,
     steps: int,
     final_prune: bool,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Collection[int] | None = None,
     eos_policy: EosPolicy = "block",
 ) -> KcbsResult:
     """Run a whole search synchronously; `step_fn(rows, mask_eos)` returns one (ids, logprobs) per row."""

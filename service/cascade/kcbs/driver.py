@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableSet, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, MutableSet, Sequence
 
-from cascade.kcbs.algorithm import BeamRow, KcbsSearch, StepResult
+from cascade.kcbs.algorithm import BeamRow, KcbsSearch, StepResult, end_ids
 
 TopLogprobs = Callable[[Sequence[int], int, str], Awaitable[list[tuple[int, float]]]]
 """``(token ids, k, request id) → the k most likely next tokens with raw log-probabilities, best first``."""
 
 
 async def _row_topk(top_logprobs: TopLogprobs, prompt: Sequence[int], row: BeamRow, k: int, mask_eos: bool,
-                    eos_id: int | None, temperature: float, request_id: str) -> StepResult:
-    want = k + 1 if mask_eos and eos_id is not None else k
+                    eos_ids: frozenset[int], temperature: float, request_id: str) -> StepResult:
+    want = k + len(eos_ids) if mask_eos else k
     ids: list[int] = []
     logprobs: list[float] = []
     raw: list[float] = []
     for token_id, logprob in await top_logprobs([*prompt, *row.token_ids], want, request_id):
-        if mask_eos and token_id == eos_id:
+        if mask_eos and token_id in eos_ids:
             continue
         if math.isfinite(logprob):
             ids.append(token_id)
@@ -39,7 +39,7 @@ async def _row_topk(top_logprobs: TopLogprobs, prompt: Sequence[int], row: BeamR
 
 
 async def run_search(top_logprobs: TopLogprobs, prompt: Sequence[int], search: KcbsSearch, k: int,
-                     eos_id: int | None, temperature: float, request_id: str,
+                     eos_ids: Collection[int] | int | None, temperature: float, request_id: str,
                      live: MutableSet[str]) -> AsyncIterator[KcbsSearch]:
     """Advance ``search`` to the end, yielding it after every step (for streaming the live beam).
 
@@ -47,13 +47,14 @@ async def run_search(top_logprobs: TopLogprobs, prompt: Sequence[int], search: K
     consumer goes away, closing or cancelling this generator cancels the step's row queries, which
     aborts them in the engine.
     """
+    ends = end_ids(eos_ids)
     token = f"{request_id}/{id(search)}"
     live.add(token)
     try:
         while not search.done:
             rows = search.pending()
             results = await asyncio.gather(*(
-                _row_topk(top_logprobs, prompt, row, k, search.mask_eos, eos_id, temperature,
+                _row_topk(top_logprobs, prompt, row, k, search.mask_eos, ends, temperature,
                           f"{request_id}-s{search.step}-r{i}") for i, row in enumerate(rows)))
             search.advance(results)
             yield search

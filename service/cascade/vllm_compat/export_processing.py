@@ -38,8 +38,10 @@ def _truncation_mask(logits: torch.Tensor, params: Any, keep: int) -> tuple[torc
 
     Equivalent to vLLM's masks for every token an export can return (it returns at most ``keep``
     per row), without sorting the vocabulary: min-p keeps ``logit >= max + log(min_p)``; top-k
-    keeps the first ``top_k``; top-p (on the distribution left by the first two, as in vLLM) keeps
-    a token while the probability of the tokens strictly ahead of it is below ``top_p``.
+    keeps every token at least as likely as the ``top_k``-th, so tokens tied with it all survive
+    (vLLM's sampler masks only ``logit < k-th value``; bf16 logits tie often); top-p (on the
+    distribution left by the first two, as in vLLM) keeps a token while the probability of the
+    tokens strictly ahead of it is below ``top_p``.
     """
     values, ids = logits.topk(keep, dim=-1)
     alive = torch.ones_like(values, dtype=torch.bool)
@@ -50,11 +52,11 @@ def _truncation_mask(logits: torch.Tensor, params: Any, keep: int) -> tuple[torc
     vocab = logits.shape[1]
     top_k = params.top_k if params.top_k and 0 < params.top_k < vocab else None
     if top_k is not None:
-        alive[:, top_k:] = False
+        kth = values[:, top_k - 1:top_k]
+        alive &= values >= kth
+        floor = kth if floor is None else torch.maximum(floor, kth)
     if params.top_p < 1.0:
-        if top_k is not None:
-            normaliser = torch.logsumexp(values.masked_fill(~alive, float("-inf")), dim=-1, keepdim=True)
-        elif floor is not None:
+        if floor is not None:
             normaliser = torch.logsumexp(logits.masked_fill(logits < floor, float("-inf")), dim=-1, keepdim=True)
         else:
             normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)

@@ -83,3 +83,27 @@ def test_a_surviving_target_beyond_the_kept_k_keeps_its_true_rank(seed: int, top
         assert bool(torch.isfinite(ours[row, target])) == survives
         if survives:
             assert int((ours[row] > ours[row, target]).sum()) == int((theirs[row] > theirs[row, target]).sum())
+
+
+def test_tokens_tied_with_the_kth_all_survive_top_k_as_in_vllm_sampler() -> None:
+    """bf16 logits tie often: at top_k=2 three tokens tied for second place all stay in the sampler's
+    distribution, so the export (the sampler's distribution) returns all four candidates."""
+    logits = torch.full((2, 16), -4.0)
+    logits[0, [9, 3, 12]] = 1.5
+    logits[0, 7] = 3.0
+    logits[1, [2, 5]] = 2.0
+    params = SimpleNamespace(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0,
+                             allowed_token_ids=None, logit_bias=None, bad_words_token_ids=None)
+    ours = process_prompt_logits(logits.clone(), params, [], 0, 4)
+    theirs = vllm_reference(logits.clone(), params)
+    assert torch.isfinite(ours).sum(dim=-1).tolist() == [4, 2]
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+
+
+def test_top_p_after_a_tied_top_k_normalises_over_every_tied_token() -> None:
+    logits = torch.full((1, 16), -30.0)
+    logits[0, [1, 4, 6]] = 0.0
+    params = SimpleNamespace(temperature=1.0, top_k=1, top_p=0.5, min_p=0.0,
+                             allowed_token_ids=None, logit_bias=None, bad_words_token_ids=None)
+    ours = process_prompt_logits(logits.clone(), params, [], 0, 4)
+    assert torch.isfinite(ours).sum().item() == 2  # each tied token holds 1/3: the first two are needed for 0.5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -93,7 +94,7 @@ def engine_rows(draw: st.DrawFn) -> tuple[list[int], Flat, int]:
     return prompt, flat, k
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(engine_rows())
 def test_flat_layout_gives_the_same_positions_as_the_per_position_path(case: tuple[list[int], Flat, int]) -> None:
     prompt, flat, k = case
@@ -124,6 +125,38 @@ def test_token_table_bytes_reassemble_the_text() -> None:
     text = "def naïve(x):\n\treturn x  # ✓ 🚀\r\n"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert b"".join(table.raw[i] for i in ids) == text.encode("utf-8")
+
+
+def test_ids_past_the_tokenizer_render_as_empty_text() -> None:
+    """Models pad their output vocabulary past the tokenizer (Qwen2: 151,936 rows, 151,665 tokens);
+    a padded id the model ranks must render, not fail the export."""
+    from transformers import AutoTokenizer
+
+    table = build_token_table(AutoTokenizer.from_pretrained(MODEL))
+    assert (table.string(len(table) + 5), table.data(len(table) + 5)) == ("", b"")
+    assert table.data(10) == table.raw[10] and table.string(10) == table.strings[10]
+
+
+class _SentencePieceVocabulary:
+    """A Llama-2-style vocabulary: ``▁`` marks a space, ``<0xHH>`` byte fallback; decoding one token
+    alone drops its leading space, as SentencePiece's decoder does."""
+
+    pieces: ClassVar[list[str]] = ["<s>", "</s>", "<0x0A>", "\u2581the", "the", "\u2581", "é", "\u2581x"]
+    all_special_ids: ClassVar[list[int]] = [0, 1]
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.pieces[i] for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids).replace("\u2581", " ").lstrip(" ")
+
+
+def test_sentencepiece_tokens_keep_their_leading_space_and_fallback_bytes() -> None:
+    table = build_token_table(_SentencePieceVocabulary())
+    assert table.raw == (b"<s>", b"</s>", b"\n", b" the", b"the", b" ", "é".encode(), b" x")
 
 
 def _document(k: int, rows: int) -> tuple[list[int], list[list[int]], list[list[float]]]:

@@ -145,3 +145,14 @@ def test_using_a_search_out_of_order_raises_runtime_error() -> None:
     search.advance([([1], [0.0])])
     with pytest.raises(RuntimeError, match="finished"):
         search.advance([([1], [0.0])])
+
+
+def test_every_end_of_sequence_id_is_blocked_or_ends_a_beam() -> None:
+    """A chat model ends on its end-of-turn token as well as the document's EOS: both count."""
+    blocking = KcbsSearch(2, 2, True, eos_token_id={0, 7}, eos_policy="block")
+    assert blocking.mask_eos
+    with pytest.raises(ValueError, match="EOS"):
+        blocking.advance([([7, 3], [-0.5, -1.0])])
+    stopping = KcbsSearch(2, 2, True, eos_token_id=frozenset({0, 7}), eos_policy="stop")
+    stopping.advance([([7, 3], [-0.5, -1.0])])
+    assert [s.finish_reason for s in stopping.live_beams()] == ["stop", None]

@@ -1,0 +1,84 @@
+"""OpenAI edges a peer conformance suite exercises: replayed tool calls, and 400s that name the
+exact field holding a lone surrogate."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.routes.conftest import FakeService
+
+MODEL = "pycoder-23m"
+REPLAY: list[dict[str, object]] = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
+    {"role": "user", "content": "And tomorrow?"},
+]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def _sdk(service: FakeService) -> openai.OpenAI:
+    return openai.OpenAI(base_url=service.base_url + "/v1", api_key="route-tier-key", max_retries=0)
+
+
+@pytest.mark.parametrize("tools", [{}, {"tools": TOOLS, "tool_choice": "none"}], ids=["no tools", "tools off"])
+def test_a_replayed_tool_call_is_rendered_into_the_prompt(service: FakeService, tools: dict[str, object]) -> None:
+    reply = _sdk(service).chat.completions.create(model=MODEL, messages=REPLAY, max_tokens=3, **tools)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content
+    prompt_ids, _ = service.engines.requests[-1]
+    prompt = service.engines.tokenizer.decode(prompt_ids)
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})
+    assert f"assistant: {call}\ntool: 18 C and sunny\nuser: And tomorrow?\n" in prompt
+
+
+def test_a_tool_call_on_a_user_message_is_a_400_naming_it(service: FakeService) -> None:
+    messages = [{**REPLAY[1], "role": "user"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "messages.0.tool_calls"  # type: ignore[index]
+
+
+def test_tools_that_could_be_called_are_still_refused(service: FakeService) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).chat.completions.create(model=MODEL, messages=REPLAY, tools=TOOLS, max_tokens=3)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "tools"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "\ud800"]}, "stop.1"),
+    ("/v1/completions", {"prompt": ["fine", "bad \ud800"]}, "prompt.1"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"\ud800": 1}}, "logit_bias"),
+])
+def test_a_lone_surrogate_is_a_400_naming_the_exact_field(service: FakeService, path: str, body: dict[str, object],
+                                                         param: str) -> None:
+    raw = json.dumps({"model": MODEL, **body}).encode()  # ASCII-escaped: valid JSON holding "\ud800"
+    with service.client() as client:
+        r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and f"'{param}'" in error["message"] and "surrogate" in error["message"]
+
+
+def test_chat_without_a_chat_template_is_a_400_naming_it_and_completions_still_work(
+        service: FakeService, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service.engines.tokenizer, "chat_template", None)
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).chat.completions.create(model=MODEL, messages=REPLAY[:1], max_tokens=3)  # type: ignore[arg-type]
+    assert caught.value.code == "no_chat_template" and "no chat template" in caught.value.message
+    assert _sdk(service).completions.create(model=MODEL, prompt="def f():", max_tokens=3).choices[0].text
+
+
+@pytest.mark.parametrize(("field", "value"), [("echo", True), ("suffix", "\n# end"), ("best_of", 3)])
+def test_completion_options_this_service_does_not_implement_are_400s_naming_them(
+        service: FakeService, field: str, value: object) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).completions.create(model=MODEL, prompt="def f():", max_tokens=3, **{field: value})  # type: ignore[call-overload]
+    assert caught.value.body["param"] == field and "not supported" in caught.value.message  # type: ignore[index]
