@@ -27,7 +27,10 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def real_service(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = start_service(tmp_path_factory.mktemp("realmodel"), ["--model", str(model_path)], timeout=600)
+    """Served by name, as a user would: the service resolves ``--model NAME`` to the installed folder."""
+    home = model_path.parents[1]
+    svc = start_service(tmp_path_factory.mktemp("realmodel"), ["--model", MODEL], {"CASCADE_HOME": str(home)},
+                        timeout=600)
     yield svc
     stop_service(svc)
 

@@ -28,6 +28,9 @@ def describe(width, height):
     return f"{width}x{height}: area {area(width, height)}, perimeter {perimeter(width, height)}"
 '''
 
+# The first test's setup fetches and converts the model on a fresh machine, then starts the service.
+pytestmark = pytest.mark.timeout(1200)
+
 CODE = (Path(__file__).resolve().parents[2] / "service" / "cascade" / "model_registry" / "registry.py").read_text()
 
 
