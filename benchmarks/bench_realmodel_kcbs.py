@@ -16,14 +16,25 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_kcbs import kcbs_run
 
 PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def ", "import json\n\n\ndef load_config(path):\n",
            "for i in range("]
+
+
+async def kcbs_run(engines: Any, prompt_ids: list[int], k: int, steps: int, eos_id: int | None, rid: str) -> Any:
+    """One k-CBS search as the route runs it (EOS blocked until T, the model's own EOS id)."""
+    from cascade.kcbs import KcbsSearch
+    from cascade.kcbs.driver import run_search
+
+    search = KcbsSearch(k, steps, True, eos_id, "block")
+    async for _ in run_search(engines.top_logprobs, prompt_ids, search, k, eos_id, 1.0, rid, set()):
+        pass
+    return search.result()
 
 
 async def main() -> None:
@@ -55,7 +66,7 @@ async def main() -> None:
             beams = llm.beam_search([{"prompt_token_ids": ids} for ids in prompt_ids], params)
             vllm_s = time.perf_counter() - start
             start = time.perf_counter()
-            results = await asyncio.gather(*(kcbs_run(engines, ids, k, steps, f"b{k}-{steps}-{i}")
+            results = await asyncio.gather(*(kcbs_run(engines, ids, k, steps, tok.eos_token_id, f"b{k}-{steps}-{i}")
                                              for i, ids in enumerate(prompt_ids)))
             kcbs_s = time.perf_counter() - start
             captured = [r.captured_probability for r in results]

@@ -10,9 +10,10 @@ engines built with Cascade's own engine arguments, one after another in this pro
 (no speculative decoding: the baseline), the prediction engine (Cascade's static-text proposer, adaptive
 draft length up to K=64, the prediction is the original file) and a plain vLLM engine with
 ``speculative_config={"method": "ngram", ...}`` (prompt lookup: it drafts from the prompt, which holds
-the original file, with no prediction sent). Columns: × = tokens/s against the baseline of the same
-task in the same run; acc = accepted draft tokens / output tokens; same = output text identical to
-the baseline's.
+the original file, with no prediction sent). The main engine stays up; each task runs on it right
+before it runs on the engine measured, so every ratio compares runs seconds apart (the machine may be
+shared). Columns: × = tokens/s against that baseline run; acc = accepted draft tokens / output
+tokens; same = output text identical to the baseline's (and to the first baseline run).
 """
 
 from __future__ import annotations
@@ -46,13 +47,19 @@ class Task:
     prompt_ids: list[int]
     prediction_ids: list[int]
     runs: dict[str, Run] = field(default_factory=dict)
+    base: dict[str, Run] = field(default_factory=dict)
 
 
-def start_engine(kwargs: dict[str, Any]) -> Any:
+async def start_engine(kwargs: dict[str, Any], hooks: tuple[str, ...] = ()) -> Any:
+    """An engine as the service builds it: Cascade's worker extension, and the role's hooks installed."""
+    from cascade.vllm_compat.worker_extension import WORKER_EXTENSION, install_engine_hooks
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs, worker_extension_cls=WORKER_EXTENSION))
+    if hooks:
+        await install_engine_hooks(engine, list(hooks))
+    return engine
 
 
 async def generate(engine: Any, prompt_ids: list[int], rid: str, max_tokens: int,
@@ -72,46 +79,53 @@ async def generate(engine: Any, prompt_ids: list[int], rid: str, max_tokens: int
     return Run(completion.text, seconds, len(completion.token_ids), accepted)
 
 
-async def measure(engine: Any, label: str, items: list[Task], max_tokens: int, repeat: int,
+async def measure(base: Any, engine: Any, label: str, items: list[Task], max_tokens: int, repeat: int,
                   with_prediction: bool) -> None:
+    """Each task runs on the baseline engine right before ``engine`` (the machine is shared: a ratio
+    compares runs seconds apart)."""
     from cascade.vllm_compat.request_keys import prediction_extra_args
 
     await generate(engine, items[0].prompt_ids, f"{label}-warm", max_tokens)
     for task in items:
         extra = prediction_extra_args(task.prediction_ids, "smart") if with_prediction else None
+        plain = [await generate(base, task.prompt_ids, f"{label}-base-{task.name}-{r}", max_tokens)
+                 for r in range(repeat)]
         runs = [await generate(engine, task.prompt_ids, f"{label}-{task.name}-{r}", max_tokens, extra)
                 for r in range(repeat)]
+        task.base[label] = min(plain, key=lambda run: run.seconds)
         task.runs[label] = min(runs, key=lambda run: run.seconds)
-        print(f"  {label} {task.name}: {task.runs[label].tokens} tokens in {task.runs[label].seconds:.2f}s",
-              file=sys.stderr, flush=True)
+        print(f"  {label} {task.name}: {task.runs[label].tokens} tokens in {task.runs[label].seconds:.2f}s "
+              f"(baseline {task.base[label].seconds:.2f}s)", file=sys.stderr, flush=True)
 
 
 def print_tables(items: list[Task], labels: list[str]) -> None:
-    base = labels[0]
-    print(f"| task | tokens | {base} tok/s | " + " | ".join(f"{lb} × | {lb} acc | {lb} same" for lb in labels[1:])
+    first = labels[0]
+    print("| task | tokens | no prediction tok/s | " + " | ".join(f"{lb} × | {lb} acc | {lb} same" for lb in labels)
           + " |")
-    print("|---|---|---|" + "---|---|---|" * (len(labels) - 1))
+    print("|---|---|---|" + "---|---|---|" * len(labels))
     for task in items:
-        b = task.runs[base]
+        b = task.base[first]
         cells = []
-        for lb in labels[1:]:
-            r = task.runs[lb]
-            cells.append(f"{b.seconds / r.seconds:.2f} | {r.accepted / max(r.tokens, 1):.0%} | {r.text == b.text}")
+        for lb in labels:
+            r, base = task.runs[lb], task.base[lb]
+            cells.append(f"{base.seconds / r.seconds:.2f} | {r.accepted / max(r.tokens, 1):.0%} | "
+                         f"{r.text == base.text == b.text}")
         print(f"| {task.name} | {b.tokens} | {b.tokens / b.seconds:.1f} | " + " | ".join(cells) + " |")
     print()
-    print("| engine | total tokens | tok/s (all tasks) | × baseline (all tasks) | × per task median (min–max) "
-          "| accepted share | text identical |")
-    print("|---|---|---|---|---|---|---|")
+    print("| engine | output tokens | tok/s (all tasks) | baseline tok/s (same tasks, interleaved) | × baseline "
+          "(all tasks) | × per task median (min–max) | accepted share | text identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for lb in labels:
         tokens = sum(t.runs[lb].tokens for t in items)
         seconds = sum(t.runs[lb].seconds for t in items)
-        base_seconds = sum(t.runs[base].seconds for t in items)
-        ratios = [t.runs[base].seconds / t.runs[lb].seconds for t in items]
+        base_tokens = sum(t.base[lb].tokens for t in items)
+        base_seconds = sum(t.base[lb].seconds for t in items)
+        ratios = [t.base[lb].seconds / t.runs[lb].seconds for t in items]
         accepted = sum(t.runs[lb].accepted for t in items) / max(tokens, 1)
-        same = sum(t.runs[lb].text == t.runs[base].text for t in items)
-        print(f"| {lb} | {tokens} | {tokens / seconds:.1f} | {base_seconds / seconds:.2f} | "
-              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {accepted:.0%} | "
-              f"{same}/{len(items)} |")
+        same = sum(t.runs[lb].text == t.base[lb].text for t in items)
+        print(f"| {lb} | {tokens} | {tokens / seconds:.1f} | {base_tokens / base_seconds:.1f} | "
+              f"{base_seconds / seconds:.2f} | {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+              f"{accepted:.0%} | {same}/{len(items)} |")
 
 
 async def main() -> None:
@@ -125,13 +139,13 @@ async def main() -> None:
     parser.add_argument("--ngram-min", type=int, default=2, help="prompt_lookup_min of the n-gram engine")
     args = parser.parse_args()
 
-    from cascade.engine.config import EngineRole, engine_kwargs
+    from cascade.engine.config import ROLE_HOOKS, EngineRole, engine_kwargs
     from cascade.model_registry import resolve_model
     from cascade.predict.static_text import normalise_newlines
     from cascade.settings import Settings
 
     settings = Settings(model=resolve_model(args.model))
-    main_engine = start_engine(engine_kwargs(settings, EngineRole.MAIN))
+    main_engine = await start_engine(engine_kwargs(settings, EngineRole.MAIN), ROLE_HOOKS[EngineRole.MAIN])
     tokenizer = main_engine.get_tokenizer()
     items = []
     for name, message, prediction in tasks()[:args.tasks]:
@@ -139,20 +153,18 @@ async def main() -> None:
                                              tokenize=False)
         items.append(Task(name, list(tokenizer.encode(text, add_special_tokens=False)),
                           list(tokenizer.encode(normalise_newlines(prediction), add_special_tokens=False))))
-    labels = ["no prediction", f"cascade K={settings.num_speculative_tokens}",
-              f"vLLM ngram K={args.ngram_k}"]
-    await measure(main_engine, labels[0], items, args.max_tokens, args.repeat, False)
-    main_engine.shutdown()
-    predict = start_engine(engine_kwargs(settings, EngineRole.PREDICT))
-    await measure(predict, labels[1], items, args.max_tokens, args.repeat, True)
+    labels = [f"cascade K={settings.num_speculative_tokens}", f"vLLM ngram K={args.ngram_k}"]
+    predict = await start_engine(engine_kwargs(settings, EngineRole.PREDICT), ROLE_HOOKS[EngineRole.PREDICT])
+    await measure(main_engine, predict, labels[0], items, args.max_tokens, args.repeat, True)
     predict.shutdown()
     ngram_kwargs = {**engine_kwargs(settings, EngineRole.MAIN), "per_request_spec_decode_metrics": "summary",
                     "speculative_config": {"method": "ngram", "num_speculative_tokens": args.ngram_k,
                                            "prompt_lookup_max": args.ngram_max,
                                            "prompt_lookup_min": args.ngram_min}}
-    ngram = start_engine(ngram_kwargs)
-    await measure(ngram, labels[2], items, args.max_tokens, args.repeat, False)
+    ngram = await start_engine(ngram_kwargs)
+    await measure(main_engine, ngram, labels[1], items, args.max_tokens, args.repeat, False)
     ngram.shutdown()
+    main_engine.shutdown()
     print_tables(items, labels)
 
 
