@@ -24,9 +24,14 @@ sys.path.insert(0, str(REPO))
 
 
 def descendants(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    kids = [int(x) for x in children.read_text().split()] if children.exists() else []
-    return [pid, *(d for kid in kids for d in descendants(kid))]
+    """``pid`` and every process below it (children of any of its threads: engines start in threads)."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return [pid, *(d for kid in sorted(set(kids)) for d in descendants(kid))]
 
 
 def memory(pid: int) -> dict[str, tuple[str, int, int]]:
