@@ -8,6 +8,8 @@ decorator and a new file is marked by where it is put:
 - ``engine``: tests/integration — starts a real vLLM engine/service
 - ``portability``: tests/portability — subprocess exact-model runs, slow, no vLLM engine
 - ``deploy``: tests/deploy — manifests and an installed image
+- ``realmodel``: tests/realmodel — a real instruct model (``smollm2-135m-instruct``, fetched once from the
+  package index into ``CASCADE_HOME``) served end to end
 
 A test anywhere else fails collection: put it in one of those directories (or add a tier here).
 """
@@ -28,7 +30,7 @@ REPO = TESTS.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO / "service"), str(REPO / "clients"), *filter(None, [os.environ.get("PYTHONPATH")])])
 TIER_OF_DIRECTORY = {"unit": "unit", "routes": "unit", "integration": "engine", "portability": "portability",
-                     "deploy": "deploy"}
+                     "deploy": "deploy", "realmodel": "realmodel"}
 TIERS = frozenset(TIER_OF_DIRECTORY.values())
 
 

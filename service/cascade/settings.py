@@ -26,7 +26,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CASCADE_", extra="ignore", protected_namespaces=())
 
     # engine
-    model: str = Field(str(DEFAULT_MODEL), description="Model path or Hugging Face id served by the engine.")
+    model: str = Field(str(DEFAULT_MODEL), description="Model path, Hugging Face id, or a registry name "
+                       "(`cascade models list`; fetched on first use).")
     served_model_name: str | None = Field(None, description="Name clients send as `model`; default: basename.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights/activation dtype of the vLLM engines (the codec's exact path is integer)."
