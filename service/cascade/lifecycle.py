@@ -154,12 +154,15 @@ class Gateway:
 
     async def _start_codec(self) -> None:
         """Load the exact model next to the engines (no vLLM engine of its own), then self-test it."""
+        from cascade.codec.exact.device import resolve_codec_device
+        from cascade.codec.exact.known_answer import check_known_answer, reference_path
         from cascade.codec.exact.model import NUMERICS_VERSION, ExactLlama
         from cascade.codec.exact.runner import ExactRunner
 
         s = self.settings
         try:
-            model = await asyncio.to_thread(ExactLlama.from_pretrained, s.model, s.max_model_len)
+            device = resolve_codec_device(s.codec_device)
+            model = await asyncio.to_thread(ExactLlama.from_pretrained, s.model, s.max_model_len, device)
         except (OSError, ValueError, KeyError) as exc:
             self.codec_status.set(CodecState.UNSUPPORTED,
                                   f"codec disabled: the exact codec cannot run this model ({exc})")
@@ -169,7 +172,10 @@ class Gateway:
         self.codec.attach(runner, NUMERICS_VERSION, self.engines.tokenizer, self.engines.fingerprint)
         if s.codec_selftest:
             self.codec_status.set(CodecState.SELF_TEST, "the codec's startup self-test is running")
+            known_answer = reference_path(self.engines.fingerprint)
             try:
+                if known_answer.exists():
+                    await asyncio.to_thread(check_known_answer, model, known_answer)
                 await self.codec.self_test(inject_fault=s.codec_selftest_fault)
             except Exception as exc:  # whatever fails, the codec stays off with the reason; the rest serves
                 self.codec_status.set(CodecState.FAILED, "codec disabled: the startup self-test failed "

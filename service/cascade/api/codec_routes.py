@@ -201,7 +201,7 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
     except (CodecUnavailableError, EngineNotReadyError) as exc:
         raise _as_api_error(exc) from None
     options = CompressOptions(
-        top_k=params.top_k or settings.codec_top_k,
+        top_k=params.top_k or min(settings.codec_top_k, codec.vocab_size - 1),
         precision_bits=params.precision_bits or settings.codec_precision_bits,
         lane_tokens=params.lane_tokens or params.segment_tokens or settings.codec_lane_tokens,
         lanes=params.lanes or settings.codec_lanes,

@@ -176,16 +176,19 @@ class CodecPipeline:
         return self.max_positions - context_tokens
 
     async def encode_tokens(self, prompt: list[int], tokens: list[int], lane_tokens: int, top_k: int,
-                            precision_bits: int, any_bytes: bool = False) -> tuple[bytes, float]:
+                            precision_bits: int, any_bytes: bool = False, request: object | None = None
+                            ) -> tuple[bytes, float]:
         """One coded segment: ``(payload, the model's ideal bits)``. ``any_bytes``: the code is for a
         decoder that reads zeros past its end without bound (``decode_tokens_from(any_bytes=True)``,
         the codec on /v1/completions), so every trailing zero is dropped — the inverse of decoding
         arbitrary bytes gives those bytes back, as release ddd10e1 did."""
-        coded = await self._runner().encode(prompt, split_lanes(tokens, lane_tokens), top_k, precision_bits)
+        coded = await self._runner().encode(prompt, split_lanes(tokens, lane_tokens), top_k, precision_bits,
+                                            request=request)
         return coded.payload.rstrip(b"\0") if any_bytes else coded.payload, coded.ideal_bits
 
     async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
-                                 top_k: int, precision_bits: int, any_bytes: bool = False) -> list[int]:
+                                 top_k: int, precision_bits: int, any_bytes: bool = False,
+                                 request: object | None = None) -> list[int]:
         """``tokens`` tokens decoded from ``payload``; raises ``PayloadOverrunError`` when the payload ends
         before them, unless ``any_bytes`` (decode mode turning arbitrary bytes into text): then the
         payload is read as if followed by zeros — padded here with the most a decoder can read, 8
@@ -193,12 +196,13 @@ class CodecPipeline:
         if any_bytes:
             payload += bytes(8 * (tokens + 1))
         lanes = await self._runner().decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
-                                            precision_bits)
+                                            precision_bits, request=request)
         return [t for lane in lanes for t in lane]
 
     async def compress(self, chunks: AsyncIterator[bytes], options: CompressOptions, stats: CompressStats,
                        request_id: str) -> AsyncIterator[bytes]:
         """Container bytes, header first; each segment's record as soon as it is coded."""
+        request = object()  # the runner's fairness key: every segment of this request shares it
         context = self.context_tokens(options.context)
         lane_tokens = min(options.lane_tokens, self.max_lane_tokens(len(context)))
         lanes = min(options.lanes, MAX_LANES)
@@ -214,7 +218,7 @@ class CodecPipeline:
 
         async def jobs() -> AsyncIterator[Callable[[], Awaitable[SegmentResult]]]:
             async for segment in segmenter.segments(counted(chunks, stats)):
-                yield self._segment_job(segment, prompt, lane_tokens, options, stats)
+                yield self._segment_job(segment, prompt, lane_tokens, options, stats, request)
 
         async for coded in ordered(jobs(), self.window):
             record = writer.segment_bytes(*coded)
@@ -225,7 +229,8 @@ class CodecPipeline:
         yield trailer
 
     def _segment_job(self, segment: Segment, prompt: list[int], lane_tokens: int, options: CompressOptions,
-                     stats: CompressStats) -> Callable[[], Awaitable[SegmentResult]]:
+                     stats: CompressStats, request: object | None = None
+                     ) -> Callable[[], Awaitable[SegmentResult]]:
         """Jobs finish in any order; only their results go through the writer, in submission order,
         because the container's running CRC covers the records in the order they are written."""
         async def run() -> SegmentResult:
@@ -235,14 +240,14 @@ class CodecPipeline:
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             tokens = segment.tokens
             payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
-                                                      options.precision_bits)
+                                                      options.precision_bits, request=request)
             if stored_raw_is_smaller(len(tokens), segment.data, payload):
                 stats.raw_segments += 1
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             if options.verify:
                 back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
-                                                     options.precision_bits)
+                                                     options.precision_bits, request=request)
                 if back != tokens:
                     raise IntegrityError(f"verification failed: segment {stats.segments} did not decode back")
             stats.tokens += len(tokens)
@@ -256,6 +261,7 @@ class CodecPipeline:
     async def decompress(self, chunks: AsyncIterator[bytes],
                          request_id: str) -> AsyncGenerator[tuple[int, bytes], None]:
         """(segment index, original bytes) in order; every segment is CRC-verified before it is yielded."""
+        request = object()  # the runner's fairness key: every segment of this request shares it
         reader = ContainerReader(self.limits)
         header: Header | None = None
         prompt: list[int] = []
@@ -273,7 +279,7 @@ class CodecPipeline:
                                                  f"the model's {self.max_positions} positions")
                     elif isinstance(item, SegmentRecord):
                         assert header is not None
-                        yield self._decode_job(header, item, prompt)
+                        yield self._decode_job(header, item, prompt, request)
             reader.close()
 
         async for result in ordered(jobs(), self.window):
@@ -297,7 +303,7 @@ class CodecPipeline:
         except UnicodeDecodeError:
             raise ContainerError("corrupted header: context is not UTF-8") from None
 
-    def _decode_job(self, header: Header, record: SegmentRecord, prompt: list[int]
+    def _decode_job(self, header: Header, record: SegmentRecord, prompt: list[int], request: object | None = None
                     ) -> Callable[[], Awaitable[tuple[int, bytes]]]:
         async def run() -> tuple[int, bytes]:
             if record.kind == KIND_RAW:
@@ -311,7 +317,7 @@ class CodecPipeline:
                                          f"tokens for {record.original_length} bytes")
                 try:
                     tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
-                                                           header.top_k, header.precision_bits)
+                                                           header.top_k, header.precision_bits, request=request)
                 except PayloadOverrunError as exc:
                     raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
                 data = self.decode_tokens(tokens).encode("utf-8")

@@ -9,13 +9,12 @@ float64 output, of the final hidden states and of the logits *before* ``rint`` w
 recorded on the reference machine; the first intermediate that differs is named in the error.
 
 References ship in ``known_answers/`` (package data), one JSON file per model fingerprint. For a
-model folder without one: ``python -m cascade.codec.exact.known_answer MODEL_DIR`` writes it.
+model folder without one: ``python -m cascade.record_known_answer MODEL_DIR`` writes it.
 ``check_known_answer(model, reference_path)`` is what the codec's start-up self-test calls.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -108,26 +107,12 @@ def reference_path(fingerprint: bytes) -> Path:
     return REFERENCES / f"{fingerprint.hex()[:32]}.json"
 
 
-def write_reference(model_dir: str | Path, out: str | Path | None = None, device: str = "cpu") -> Path:
+def write_reference(model_dir: str | Path, fingerprint: bytes, out: str | Path | None = None,
+                    device: str = "cpu") -> Path:
     """Record the known answer of the model in ``model_dir`` on this machine (the reference machine)
-    and write it to ``out`` (default: the shipped location for its fingerprint)."""
-    from cascade.engine.fingerprint import model_fingerprint
-
+    and write it to ``out`` (default: the shipped location for its ``fingerprint``)."""
     model = ExactLlama.from_pretrained(model_dir, 64, device)
-    path = Path(out) if out else reference_path(model_fingerprint(str(model_dir)))
+    path = Path(out) if out else reference_path(fingerprint)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(reference(model), indent=1) + "\n")
     return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write the exact codec's drift known answer for a model folder.")
-    parser.add_argument("model_dir")
-    parser.add_argument("out", nargs="?", help="output file (default: the package's known_answers/ entry)")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    print(write_reference(args.model_dir, args.out, args.device))
-
-
-if __name__ == "__main__":
-    main()
