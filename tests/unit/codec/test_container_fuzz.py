@@ -167,8 +167,9 @@ def _check(kind: str, data: bytes, limits: Limits, cuts: list[int]) -> None:
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    # Memory follows the bytes actually given (a few copies while chunking), never a declared size.
-    assert peak < 8 * len(data) + (1 << 20), f"{kind}: peak {peak} for {len(data)} input bytes"
+    # Memory follows the bytes actually given (a few copies while chunking), never a declared size
+    # (declared sizes reach gigabytes); the constant covers one-off allocations tracemalloc also sees.
+    assert peak < 8 * len(data) + (2 << 20), f"{kind}: peak {peak} for {len(data)} input bytes"
 
 
 @FUZZ
