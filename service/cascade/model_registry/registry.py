@@ -31,6 +31,8 @@ from typing import IO
 
 from tqdm import tqdm
 
+from cascade.home import cascade_home
+
 
 class ModelFetchError(RuntimeError):
     """A named model could not be fetched or installed; the message says why and what to do."""
@@ -114,11 +116,6 @@ REGISTRY: dict[str, ModelEntry] = {
         ),
     ]
 }
-
-
-def cascade_home() -> Path:
-    """``$CASCADE_HOME``, or ``~/.cascade`` (the same rule as the prediction debug log)."""
-    return Path(os.environ.get("CASCADE_HOME") or Path.home() / ".cascade").expanduser()
 
 
 def models_dir(home: Path | None = None) -> Path:

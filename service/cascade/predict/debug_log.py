@@ -14,6 +14,8 @@ from typing import IO, Any
 
 import yaml
 
+from cascade.home import cascade_home
+
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 100
 
@@ -23,7 +25,7 @@ def enabled() -> bool:
 
 
 def log_dir() -> Path:
-    return Path(os.environ.get("CASCADE_HOME") or Path.home() / ".cascade") / "log"
+    return cascade_home() / "log"
 
 
 def safe_file_name(request_id: str) -> str:
