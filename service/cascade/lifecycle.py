@@ -162,11 +162,13 @@ class Gateway:
         s = self.settings
         try:
             device = resolve_codec_device(s.codec_device)
-            model = await asyncio.to_thread(ExactLlama.from_pretrained, s.model, s.max_model_len, device)
+            model = await asyncio.to_thread(ExactLlama.from_pretrained, s.model, s.max_model_len, device,
+                                            s.codec_kernels)
         except (OSError, ValueError, KeyError) as exc:
             self.codec_status.set(CodecState.UNSUPPORTED,
                                   f"codec disabled: the exact codec cannot run this model ({exc})")
             return
+        logger.info("exact codec model loaded", extra={"kernels": model.kernel_summary(), "bytes": model.nbytes()})
         runner = ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens,
                              s.codec_threads or None, kv_budget_bytes=s.codec_kv_budget_mib << 20)
         self.codec.attach(runner, NUMERICS_VERSION, self.engines.tokenizer, self.engines.fingerprint)

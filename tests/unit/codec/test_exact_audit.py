@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cascade.codec.exact import cache_products
 from cascade.codec.exact.audit import ALLOWED, OpAudit, allow_list_markdown, cast_list_markdown
 
 from tests.unit.codec.numerics_matrix import load, model_names, record
@@ -14,13 +15,19 @@ from tests.unit.codec.numerics_matrix import load, model_names, record
 ARCHITECTURE = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
 
 
+@pytest.mark.parametrize("kernels", ["fast", "reference"])
 @pytest.mark.parametrize("name", model_names())
-def test_the_decision_path_runs_only_reviewed_ops(name: str) -> None:
-    model = load(name)
+def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> None:
+    model = load(name, kernels=kernels)
     with OpAudit(model.device) as audit:
         record(model)
     assert not audit.violations, sorted(audit.violations)
-    assert audit.calls["aten.mm.default"] > 0 and audit.calls["aten.bmm.default"] > 0
+    products = audit.calls.get("aten.mm.default", 0) + audit.calls.get("aten._int_mm.default", 0)
+    assert products > 0 and audit.calls["aten.bmm.default"] > 0
+    if kernels == "reference":
+        assert "aten._int_mm.default" not in audit.calls and "cache_products.scores" not in audit.calls
+    elif cache_products.usable(model.device, model.cache_dtype):
+        assert audit.calls["cache_products.scores"] > 0 and audit.calls["cache_products.weighted"] > 0
 
 
 def test_the_audit_catches_a_python_number_divisor_an_unreviewed_op_and_a_long_float32_sum() -> None:

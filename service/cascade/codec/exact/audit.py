@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cascade.codec.exact import cache_products
+from cascade.codec.exact.int8_gemm import INT32_TERMS
+
 F32, F64, I8, I32, I64, BF16, F16, BOOL = (torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
                                             torch.bfloat16, torch.float16, torch.bool)
 _FP32_PIECE = 1040  # 127 · 127 · 1040 < 2**24 (and the output layer's 128 · 127 · 1032)
@@ -34,6 +37,11 @@ class Allowed:
     check: Callable[[tuple[Any, ...], dict[str, Any]], str | None] | None = None
 
 
+def _int_mm_terms(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    k = args[0].shape[-1]
+    return None if k <= INT32_TERMS else f"an int8 product over {k} > {INT32_TERMS} terms may overflow int32"
+
+
 def _mm_pieces(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     k = args[0].shape[-1]
     return None if k <= _FP32_PIECE else f"a float32 product over {k} > {_FP32_PIECE} terms may round"
@@ -47,7 +55,8 @@ _CASTS: dict[tuple[torch.dtype, torch.dtype], str] = {
     (F16, F64): "embedding rows → float64: every fp16 is exact",
     (F64, I32): "fixed-point keys/values (integers within the int32 clamp) → int32 cache: exact",
     (F64, I64): "rounded integers (magnitude ≤ 2**50) → int64 indices: exact",
-    (I32, F64): "cached integers → float64 for the score/value products: exact",
+    (F64, I8): "activation integers (magnitude ≤ 127) and output-layer digits (≤ 64) → int8 GEMM operands: exact",
+    (I32, F64): "cached integers and int8 GEMM sums (< 2**31) → float64: exact",
     (I32, I64): "cached integers → int64: exact",
     (I64, F64): "integer totals (< 2**53) → float64 for frexp: exact",
     (F64, F64): "no conversion",
@@ -74,6 +83,10 @@ ALLOWED: dict[str, Allowed] = {
     "aten.mm.default": Allowed(frozenset({F32}), "int8 × int8 (magnitudes ≤ 127; output layer: hi/lo halves "
                                "≤ 128) over ≤ 1,040 terms: every partial sum < 2**24, exact in float32 in any order",
                                check=_mm_pieces),
+    "aten._int_mm.default": Allowed(frozenset({I8}), "int8 × int8 with int32 accumulation (activations ≤ 127, "
+                                    "output-layer digits ≤ 64, weights ≤ 127): sums below 127·127·K < 2**31, exact "
+                                    "— on shapes whose kernel passed the host's saturation probe (exact.int8_gemm)",
+                                    check=_int_mm_terms),
     "aten.bmm.default": Allowed(frozenset({F64}), "attention: q·k over head_dim terms (magnitudes ≤ √(2**53/D)) "
                                 "and p·v over the context (p ≤ 2**16, v ≤ 2**53/(2**16·positions) in magnitude): "
                                 "< 2**53, exact"),
@@ -133,6 +146,16 @@ ALLOWED: dict[str, Allowed] = {
 }
 
 
+KERNELS: dict[str, Allowed] = {
+    "cache_products.scores": Allowed(frozenset({F64, I32}), "q·k of float64 query integers and the int32 key cache "
+                                     "(numba): every product and partial sum is an integer below 2**53, exact in "
+                                     "any order, vectorised or fused"),
+    "cache_products.weighted": Allowed(frozenset({F64, I32}), "p·v of integer weights ≤ 2**16 and the int32 value "
+                                       "cache (numba): integer sums below 2**53, exact in any order"),
+}
+"""The project's own compiled kernels (dispatch never sees them; ``cache_products`` reports each call)."""
+
+
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
@@ -155,6 +178,29 @@ class OpAudit(TorchDispatchMode):
         self.calls: dict[str, int] = {}
         self.violations: set[str] = set()
 
+    def __enter__(self) -> OpAudit:
+        cache_products.observers.append(self._kernel)
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        cache_products.observers.remove(self._kernel)
+        super().__exit__(*exc)
+
+    def _kernel(self, name: str, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        entry = KERNELS.get(name)
+        if entry is None:
+            self.violations.add(f"{name}: not a reviewed kernel")
+        elif bad := sorted({str(t.dtype) for t in tensors} - {str(d) for d in entry.dtypes}):
+            self.violations.add(f"{name}: dtype {', '.join(bad)} not reviewed")
+        self._check_device(name, list(tensors))
+
+    def _check_device(self, name: str, tensors: list[torch.Tensor]) -> None:
+        if self.device is not None:
+            for t in tensors:
+                if t.device.type != self.device.type or self.device.index not in (None, t.device.index):
+                    self.violations.add(f"{name}: a tensor on {t.device}, not {self.device}")
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
@@ -173,10 +219,7 @@ class OpAudit(TorchDispatchMode):
             reason = entry.check(args, kwargs) if entry.check else None
             if reason:
                 self.violations.add(f"{name}: {reason}")
-        if self.device is not None:
-            for t in tensors:
-                if t.device.type != self.device.type or self.device.index not in (None, t.device.index):
-                    self.violations.add(f"{name}: a tensor on {t.device}, not {self.device}")
+        self._check_device(name, tensors)
         return func(*args, **kwargs)
 
 
@@ -190,6 +233,9 @@ def allow_list_markdown() -> str:
         dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in e.dtypes))
         lines.append(f"| `{name}` | {dtypes} | {'yes' if e.scalars else 'no'} | {e.why} |")
     lines.append(f"| {', '.join(f'`{n}`' for n in moves)} | any | yes | {_MOVES} |")
+    for name, e in KERNELS.items():
+        dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in e.dtypes))
+        lines.append(f"| `{name}` (project kernel) | {dtypes} | no | {e.why} |")
     return "\n".join(lines)
 
 

@@ -44,11 +44,13 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from cascade.codec.exact import tables
+from cascade.codec.exact import cache_products, tables
+from cascade.codec.exact.int8_gemm import int8_gemm_is_exact, int8_matmul
 
 P = ParamSpec("P")
 R = TypeVar("R")
 NUMERICS_VERSION = "exact-llama-1"
+KERNELS = ("fast", "reference")
 LOGIT_FRACTION_BITS = 16
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _ACT8 = 127.0
@@ -214,7 +216,7 @@ class QuantLinear:
     recombined exactly in float64: the same integer sum as a float64 GEMM, at float32 speed."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float,
-                 device: torch.device) -> None:
+                 device: torch.device, int8_gemm: bool = False) -> None:
         w = weight.to(device="cpu", dtype=torch.float64)
         amax = w.abs().amax(dim=1)
         amax = torch.where(amax > 0, amax, torch.ones_like(amax))
@@ -237,11 +239,31 @@ class QuantLinear:
         self._act = _scalar(act_max, str(device))
         self._one = _scalar(1.0, str(device))
         self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
+        self.int8_gemm = int8_gemm and int8_gemm_is_exact(self.device, self.in_features, self.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         amax = x.abs().amax(dim=1, keepdim=True)
         step = torch.where(amax > 0, amax, self._one) / self._act
         m = rint_(x / step)  # |x / step| ≤ act_max
+        acc = self._int8_product(m) if self.int8_gemm else self._float32_product(m)
+        y = acc * (step * self.scale[None, :])
+        return y if self.bias is None else y + self.bias
+
+    def _int8_product(self, m: torch.Tensor) -> torch.Tensor:
+        """``m @ W`` as exact integers in float64 through the host's int8 GEMM (``int8_gemm``):
+        int16 activations as three int8 digits ``a·2**14 + b·2**7 + c`` (|b|, |c| ≤ 64, |a| ≤ 2),
+        recombined in float64 (every term < 2**53, so exactly)."""
+        if self.act_max == _ACT8:
+            return int8_matmul(m.to(torch.int8), self.weight).to(torch.float64)
+        rows = m.shape[0]
+        t = rint_(m * 2.0**-7)
+        a = rint_(t * 2.0**-7)
+        digits = torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8)
+        r = int8_matmul(digits, self.weight).to(torch.float64)
+        return (r[:rows] * 16384.0 + r[rows:2 * rows] * 128.0) + r[2 * rows:]
+
+    def _float32_product(self, m: torch.Tensor) -> torch.Tensor:
+        """``m @ W`` as exact integers in float64 through float32 GEMMs of ≤ 1,040-term pieces."""
         rows = m.shape[0]
         if self.act_max == _ACT16:
             hi = rint_(m * 2.0**-8)
@@ -254,8 +276,7 @@ class QuantLinear:
                 part = part[:rows] * 256.0 + part[rows:]
             acc = part if acc is None else acc + part
         assert acc is not None
-        y = acc * (step * self.scale[None, :])
-        return y if self.bias is None else y + self.bias
+        return acc
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
@@ -369,10 +390,18 @@ class ExactLlama:
     """The exact forward pass: ``prefill`` (whole sequences) and ``step`` (one token per cached row).
 
     ``device``: where every tensor of the decision path lives (``cpu`` or ``cuda``); the integers
-    are the same on each (the op audit, ``exact.audit``, lists every operation and why)."""
+    are the same on each (the op audit, ``exact.audit``, lists every operation and why).
+    ``kernels``: ``fast`` uses the host's int8 GEMM for every linear layer whose shape it sums
+    exactly (``exact.int8_gemm``, probed at load) and reads the int32 KV cache directly in decode
+    steps (``exact.cache_products``, CPU); ``reference`` runs float32 GEMMs and float64 ``bmm`` on a
+    converted cache (the first release's kernels). Both give the same integers (tested)."""
 
     def __init__(self, config: ExactConfig, weights: dict[str, torch.Tensor], max_positions: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", kernels: str = "fast") -> None:
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
+        int8_gemm = kernels == "fast"
+        self.kernels = kernels
         self.config = config
         self.max_positions = max_positions
         self.device = torch.device(device)
@@ -396,7 +425,7 @@ class ExactLlama:
 
             def linear(name: str, bias: bool, prefix: str = p) -> QuantLinear:
                 return QuantLinear(take(prefix + name + ".weight"), take(prefix + name + ".bias") if bias else None,
-                                   _ACT8, dev)
+                                   _ACT8, dev, int8_gemm)
 
             self.layers.append({
                 "attn_norm": vector(p + "input_layernorm.weight"),
@@ -407,7 +436,7 @@ class ExactLlama:
                 "down": linear("mlp.down_proj", c.mlp_bias)})
         self.final_norm = vector("model.norm.weight")
         head = embed if c.tie_word_embeddings else take("lm_head.weight")
-        self.lm_head = QuantLinear(head, None, _ACT16, dev)
+        self.lm_head = QuantLinear(head, None, _ACT16, dev, int8_gemm)
         unused = sorted(k for k in weights if k not in used and not k.endswith("rotary_emb.inv_freq")
                         and not (c.tie_word_embeddings and k == "lm_head.weight"))
         if unused:
@@ -423,10 +452,11 @@ class ExactLlama:
         self.cache_dtype = torch.int32 if max(self.v_limit, self.qk_limit) < 2**31 else torch.int64
         self.score_to_grid = float(1 << tables.ATT_GRID_BITS) / (float(1 << (2 * _QK_BITS)) * math.sqrt(c.head_dim))
         self._v_unit = _scalar(float(1 << _V_BITS), str(dev))
+        self._cache_kernels = kernels == "fast" and cache_products.usable(self.device, self.cache_dtype)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, max_positions: int, device: torch.device | str = "cpu"
-                        ) -> ExactLlama:
+    def from_pretrained(cls, path: str | Path, max_positions: int, device: torch.device | str = "cpu",
+                        kernels: str = "fast") -> ExactLlama:
         from safetensors.torch import load_file
 
         root = Path(path)
@@ -437,16 +467,27 @@ class ExactLlama:
             raise UnsupportedModelError(f"no .safetensors weights in {root}")
         for file in files:
             weights.update(load_file(str(file)))
-        return cls(config, weights, max_positions, device)
+        return cls(config, weights, max_positions, device, kernels)
 
     def allocate_cache(self, rows: int, length: int) -> KVCache:
         """A KV cache for this model: its device and the integer dtype its clamp bounds need."""
         c = self.config
         return KVCache.allocate(rows, length, c.num_layers, c.num_kv_heads, c.head_dim, self.device, self.cache_dtype)
 
+    def _linears(self) -> list[QuantLinear]:
+        return [self.lm_head, *(x for layer in self.layers for x in layer.values() if isinstance(x, QuantLinear))]
+
+    def kernel_summary(self) -> str:
+        """Which kernels run (for the start-up log): the int8 GEMM's share of linear layers and
+        whether decode attention reads the integer cache directly."""
+        linears = self._linears()
+        fast = sum(q.int8_gemm for q in linears)
+        return (f"kernels={self.kernels}: int8 GEMM on {fast}/{len(linears)} linear layers, "
+                f"integer-cache attention {'on' if self._cache_kernels else 'off'} ({self.device})")
+
     def nbytes(self) -> int:
         """Bytes of the model's tensors (weights, scales, tables) — the memory the codec role adds."""
-        linears = [self.lm_head, *(x for layer in self.layers for x in layer.values() if isinstance(x, QuantLinear))]
+        linears = self._linears()
         vectors = [self.embed, self.final_norm, self.cos, self.sin, self.att_exp, self.sigmoid,
                    *(x for layer in self.layers for x in layer.values() if isinstance(x, torch.Tensor))]
         return sum(q.nbytes() for q in linears) + sum(t.numel() * t.element_size() for t in vectors)
@@ -480,14 +521,18 @@ class ExactLlama:
 
         Masked scores become −2**60 (below any real score, |score| < 2**53), so their index saturates
         at the table's last entry, 0."""
-        scores = q @ k.transpose(-1, -2)
+        p = self._weights(q @ k.transpose(-1, -2), invalid)
+        return (p @ v) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
+
+    def _weights(self, scores: torch.Tensor, invalid: torch.Tensor | None) -> torch.Tensor:
+        """Integer attention weights (≤ 2**16) from exact integer scores, through the exp table
+        (``scores`` is overwritten)."""
         if invalid is not None:
             scores[..., -invalid.shape[-1]:].masked_fill_(invalid, _MASKED)
         top = scores.amax(dim=-1, keepdim=True)
         last = float(self.att_exp.shape[0] - 1)
         index = rint_(torch.sub(top, scores, out=scores).mul_(self.score_to_grid).clamp_(max=last))
-        p = self.att_exp[index.to(torch.int64)]
-        return (p @ v) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
+        return self.att_exp[index.to(torch.int64)]
 
     def _attend_cached(self, q: torch.Tensor, cache: KVCache, layer: int, span: int, invalid: torch.Tensor
                        ) -> torch.Tensor:
@@ -497,6 +542,9 @@ class ExactLlama:
         context — the same values, so the same bits, at a fraction of the memory traffic."""
         rows = q.shape[0]
         keys, values = cache.keys[layer], cache.values[layer]
+        if self._cache_kernels:
+            p = self._weights(cache_products.scores(q, keys, span), invalid)
+            return cache_products.weighted(p, values, span) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
         chunk = max(1, _KV_BLOCK_ELEMENTS // (keys.shape[1] * span * keys.shape[3]))
         if chunk >= rows:
             return self._attend(q, keys[:, :, :span].to(torch.float64), values[:, :, :span].to(torch.float64), invalid)

@@ -1,0 +1,95 @@
+"""Decode-step attention products read straight from the integer KV cache (CPU, numba).
+
+Why: a decode step reads every cached key and value once. torch can only take a float64 product of
+float64 operands, so the int32 cache had to be converted first — written and read again as 8-byte
+floats, three times the memory traffic of the product itself, and most of a step's time at real
+context lengths. These two loops read the int32 cache directly.
+
+Why the bits are the same: each kernel forms only sums of products of integers — ``q·k`` (both on
+their grids, ``|q|, |k| ≤ √(2**53 / head_dim)``) and ``p·v`` (``p ≤ 2**16``, ``|v|`` bounded so that
+the longest context stays below 2**53) — so every product and every partial sum is an integer
+below 2**53: exact in float64 in any order, vectorised or contracted into FMAs (which is why
+reassociation and contraction are allowed here and nowhere else). Everything that rounds (the
+scores' grid scale, ``rint``, the exp table, the final division) stays in the torch code of
+``model``. The kernels compute what ``torch.bmm`` computes on the converted cache, bit for bit
+(tested), and the model falls back to that path where numba is missing or the device is not the CPU.
+
+Calls are serialised by a lock: numba's default thread pool does not take concurrent launches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_LOCK = threading.Lock()
+observers: list[Callable[[str, tuple[torch.Tensor, ...]], None]] = []
+"""Called with each kernel's name and operands (``audit.OpAudit`` checks them: dispatch never sees numba)."""
+
+try:
+    import numba
+    from numba import prange
+
+    _EXACT_SUMS: Any = {"reassoc", "contract"}
+
+    @numba.njit(parallel=True, fastmath=_EXACT_SUMS, cache=False, nogil=True)
+    def _scores(q: Any, keys: Any, span: int, out: Any) -> None:  # pragma: no cover - compiled
+        rows, heads, group, dim = q.shape
+        for rh in prange(rows * heads):
+            r = rh // heads
+            h = rh - r * heads
+            for j in range(span):
+                for g in range(group):
+                    acc = 0.0
+                    for d in range(dim):
+                        acc += q[r, h, g, d] * keys[r, h, j, d]
+                    out[r, h, g, j] = acc
+
+    @numba.njit(parallel=True, fastmath=_EXACT_SUMS, cache=False, nogil=True)
+    def _weighted(p: Any, values: Any, span: int, out: Any) -> None:  # pragma: no cover - compiled
+        rows, heads, group, dim = out.shape
+        for rh in prange(rows * heads):
+            r = rh // heads
+            h = rh - r * heads
+            for g in range(group):
+                for d in range(dim):
+                    out[r, h, g, d] = 0.0
+            for j in range(span):
+                for g in range(group):
+                    weight = p[r, h, g, j]
+                    for d in range(dim):
+                        out[r, h, g, d] += weight * values[r, h, j, d]
+
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - numba is a pinned dependency; the torch path stays correct
+    AVAILABLE = False
+
+
+def usable(device: torch.device, cache_dtype: torch.dtype) -> bool:
+    """Whether the kernels serve this model: numba present, CPU tensors, an int32 cache."""
+    return AVAILABLE and device.type == "cpu" and cache_dtype == torch.int32
+
+
+def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:
+    """``q (rows, kv_heads, group, D) float64 · keys[:, :, :span] (int32)ᵀ`` → ``(rows, kv_heads, group, span)``."""
+    out = torch.empty(*q.shape[:3], span, dtype=torch.float64)
+    for observe in observers:
+        observe("cache_products.scores", (q, keys))
+    with _LOCK:
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        _scores(q.contiguous().numpy(), keys.numpy(), span, out.numpy())
+    return out
+
+
+def weighted(p: torch.Tensor, values: torch.Tensor, span: int) -> torch.Tensor:
+    """``p (rows, kv_heads, group, span) float64 · values[:, :, :span] (int32)`` → ``(rows, kv_heads, group, D)``."""
+    out = torch.empty(*p.shape[:3], values.shape[3], dtype=torch.float64)
+    for observe in observers:
+        observe("cache_products.weighted", (p, values))
+    with _LOCK:
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        _weighted(p.contiguous().numpy(), values.numpy(), span, out.numpy())
+    return out
