@@ -1,6 +1,7 @@
 """Exact-codec benchmark against a running service, both directions through HTTP, figures as ratios.
 
     python benchmarks/bench_codec.py --url http://127.0.0.1:8000 [--bytes 1048576] [--kinds code,prose]
+        [--model-dir DIR (the served model's folder; default models/pycoder-23m)]
 
 Held-out text: code the default model never trained on (its model card: the stdlib packages json/,
 email/, http/, asyncio/ of CPython 3.11) and prose it never saw (rendered man pages of sections 7, 5
@@ -37,6 +38,7 @@ import httpx
 
 HELD_OUT = ("json", "email", "http", "asyncio")
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "pycoder-23m"
+LATENCY_BYTES = 4096
 RENDER = "GROFF_NO_SGR=1 groff -t -man -Tutf8 -rLL=100n -rHY=0 -dAD=l 2>/dev/null | col -bx | sed 's/^       //'"
 
 
@@ -77,12 +79,12 @@ def zstd_size(data: bytes) -> int | None:
                               check=True).stdout)
 
 
-def float_cross_entropy_bits(lanes: list[list[int]], separator: int) -> float:
+def float_cross_entropy_bits(lanes: list[list[int]], separator: int, model_dir: Path) -> float:
     """The float32 model's code length for every lane, each conditioned on ``</s>`` only."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     bits = 0.0
     with torch.no_grad():
         for lane in lanes:
@@ -97,6 +99,17 @@ def container_payload_bytes(container: bytes) -> int:
     from cascade.codec.container import parse_container
 
     return sum(len(s.payload) for s in parse_container(container).segments)
+
+
+async def round_trip_seconds(client: httpx.AsyncClient, data: bytes) -> float:
+    """Wall time of one compress then one decompress of ``data`` (raw bodies), checked exact."""
+    start = time.perf_counter()
+    r = await client.post("/compress", content=data, headers={"content-type": "text/plain"})
+    r.raise_for_status()
+    back = await client.post("/decompress", content=r.content, headers={"content-type": "application/octet-stream"})
+    back.raise_for_status()
+    assert back.content == data, "the 4 KB round trip differs"
+    return time.perf_counter() - start
 
 
 async def vllm_prefill_seconds(client: httpx.AsyncClient, model: str, lanes: list[list[int]], separator: int,
@@ -145,7 +158,7 @@ async def coder_share(lanes: list[list[int]], args: argparse.Namespace) -> tuple
     from cascade.codec.exact.model import ExactLlama
     from cascade.codec.exact.runner import ExactRunner
 
-    model = ExactLlama.from_pretrained(MODEL_DIR, args.max_model_len)
+    model = ExactLlama.from_pretrained(args.model_dir, args.max_model_len)
     runner = ExactRunner(model, model.config.vocab_size, max_rows=args.parallel,
                          threads=args.codec_threads or None)
     picked = [lane[:args.share_tokens] for lane in lanes[:args.parallel]]
@@ -166,7 +179,7 @@ async def coder_share(lanes: list[list[int]], args: argparse.Namespace) -> tuple
 async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: dict[str, str]) -> list[str]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model_dir))
     separator = int(tokenizer.eos_token_id)
     params = {"lane_tokens": args.lane_tokens, "lanes": args.lanes}
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=7200) as client:
@@ -180,6 +193,7 @@ async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: di
                   for block in r.text.strip().split("\n\n") if block.startswith("event: ")]
         container = b"".join(base64.b64decode(e["data"]) for name, e in events if name == "chunk")
         done = next(e for name, e in events if name == "done")
+        latency = await round_trip_seconds(client, data[:LATENCY_BYTES])
         start = time.perf_counter()
         back = await client.post("/decompress", content=container,
                                  headers={"content-type": "application/octet-stream"})
@@ -191,7 +205,7 @@ async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: di
         greedy = await vllm_greedy_tokens_per_second(client, model, args.parallel, args.lane_tokens, separator)
     n = len(data)
     tokens = len(ids)
-    float_bits = float_cross_entropy_bits(lanes, separator)
+    float_bits = float_cross_entropy_bits(lanes, separator, args.model_dir)
     payload = container_payload_bytes(container)
     xz = len(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
     z = zstd_size(data)
@@ -203,7 +217,7 @@ async def run_kind(kind: str, data: bytes, args: argparse.Namespace, headers: di
         f"{'n/a' if z is None else f'{8 * z / n:.3f}'} | {100 * (len(container) - payload) / len(container):.3f} % | "
         f"{tokens / compress_s:.0f} | {(tokens / prefill_s):.0f} | {prefill_s / compress_s:.3f} | "
         f"{tokens / decompress_s:.0f} | {greedy:.0f} | {(tokens / decompress_s) / greedy:.3f} | {exact} | "
-        f"{100 * share:.1f} % ({share_rate:.0f} tok/s in-process) | {model_mib:.0f} MiB |"]
+        f"{100 * share:.1f} % ({share_rate:.0f} tok/s in-process) | {model_mib:.0f} MiB | {latency:.2f} s |"]
     return rows
 
 
@@ -221,6 +235,8 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=1024, help="the service's codec_top_k")
     parser.add_argument("--max-model-len", type=int, default=1024, help="the service's max_model_len")
     parser.add_argument("--codec-threads", type=int, default=0, help="the service's codec_threads")
+    parser.add_argument("--model-dir", type=Path, default=MODEL_DIR,
+                        help="the served model's folder (tokenizer, float cross-entropy, in-process share run)")
     args = parser.parse_args()
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     sources = {"code": held_out_code, "prose": held_out_prose}
@@ -229,8 +245,9 @@ def main() -> None:
     print("| text | bytes | tokens | container bits/byte | float CE bits/byte | exact CE bits/byte | × float CE | "
           "xz -9e | "
           "zstd -19 --long | framing | compress tok/s | vLLM prefill tok/s | × prefill | decompress tok/s | "
-          "vLLM greedy tok/s (same parallelism) | × greedy | exact | coder share of a decode step | exact model |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "vLLM greedy tok/s (same parallelism) | × greedy | exact | coder share of a decode step | exact model | "
+          f"{LATENCY_BYTES // 1024} KB round trip |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in args.kinds.split(","):
         for row in asyncio.run(run_kind(kind, sources[kind](args.bytes), args, headers)):
             print(row, flush=True)

@@ -50,11 +50,13 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("CASCADE_PROBE_THREADS", torch.get_num_threads())))
     model_dir = REPO / "models" / "pycoder-23m"
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = ExactLlama.from_pretrained(model_dir, 512)
+    kernels = os.environ.get("CASCADE_PROBE_KERNELS", "fast")
+    model = ExactLlama.from_pretrained(model_dir, 512, kernels=kernels)
     texts = [[1, *tokenizer.encode(t, add_special_tokens=False)] for t in TEXTS]
     rng = random.Random(0)
     others = [[rng.randrange(8192) for _ in range(rng.randint(5, 120))] for _ in range(63)]
-    out: dict[str, object] = {"threads": torch.get_num_threads(), "isa": torch.backends.cpu.get_cpu_capability()}
+    out: dict[str, object] = {"threads": torch.get_num_threads(), "isa": torch.backends.cpu.get_cpu_capability(),
+                              "kernels": model.kernel_summary()}
     for i, seq in enumerate(texts):
         alone = model.logits(model.prefill([seq]))
         batch = [*others, seq]
@@ -93,7 +95,8 @@ def main() -> None:
     check_known_answer(model, reference_path(model_fingerprint(str(model_dir))))
     out["known_answer"] = "reproduced"
     expected = json.loads(DIGESTS.read_text())
-    out["exact_llama_1_random_models"] = {name: record(random_model(name)) == expected[name] for name in CONFIGS}
+    out["exact_llama_1_random_models"] = {name: record(random_model(name, kernels=kernels)) == expected[name]
+                                          for name in CONFIGS}
     print(json.dumps(out))
 
 

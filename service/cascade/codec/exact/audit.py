@@ -96,7 +96,8 @@ ALLOWED: dict[str, Allowed] = {
     # -- single correctly rounded IEEE operations -----------------------------------------------------
     "aten.add.Tensor": Allowed(frozenset({F64, I64}), "one IEEE binary64 addition (correctly rounded on every "
                                "device), or int64 arithmetic within bounds", scalars=True),
-    "aten.add_.Tensor": Allowed(frozenset({F64}), "rint: + 1.5·2**52 (one correctly rounded addition)",
+    "aten.add_.Tensor": Allowed(frozenset({F64, I32}), "rint: + 1.5·2**52 (one correctly rounded addition); the "
+                                "output layer's int8 GEMM digit sums (int32) into exact integers < 2**53",
                                 scalars=True),
     "aten.sub.Tensor": Allowed(frozenset({F64, I64}), "one IEEE binary64 subtraction, or int64", scalars=True),
     "aten.sub_.Tensor": Allowed(frozenset({F64}), "rint: − 1.5·2**52 (exact)", scalars=True),

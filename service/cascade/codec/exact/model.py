@@ -216,13 +216,14 @@ class QuantLinear:
     recombined exactly in float64: the same integer sum as a float64 GEMM, at float32 speed."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float,
-                 device: torch.device, int8_gemm: bool = False) -> None:
+                 device: torch.device, int8_gemm: bool = False, unit: float = 1.0) -> None:
         w = weight.to(device="cpu", dtype=torch.float64)
         amax = w.abs().amax(dim=1)
         amax = torch.where(amax > 0, amax, torch.ones_like(amax))
         self.out_features, self.in_features = w.shape
         self.act_max = act_max
-        self.scale = (amax / _scalar(_ACT8, "cpu")).to(device)
+        # ``unit`` (a power of two) scales the output exactly: (step·scale)·2**n rounds as step·(scale·2**n).
+        self.scale = (amax / _scalar(_ACT8, "cpu") * unit).to(device)
         q = rint(w * _ACT8 / amax[:, None])
         if act_max == _ACT8:
             product = _ACT8 * _ACT8
@@ -258,9 +259,9 @@ class QuantLinear:
         rows = m.shape[0]
         t = rint_(m * 2.0**-7)
         a = rint_(t * 2.0**-7)
-        digits = torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8)
-        r = int8_matmul(digits, self.weight).to(torch.float64)
-        return (r[:rows] * 16384.0 + r[rows:2 * rows] * 128.0) + r[2 * rows:]
+        r = int8_matmul(torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8), self.weight)
+        acc = r[:rows].to(torch.float64)
+        return acc.mul_(128.0).add_(r[rows:2 * rows]).mul_(128.0).add_(r[2 * rows:])
 
     def _float32_product(self, m: torch.Tensor) -> torch.Tensor:
         """``m @ W`` as exact integers in float64 through float32 GEMMs of ≤ 1,040-term pieces."""
@@ -436,7 +437,7 @@ class ExactLlama:
                 "down": linear("mlp.down_proj", c.mlp_bias)})
         self.final_norm = vector("model.norm.weight")
         head = embed if c.tie_word_embeddings else take("lm_head.weight")
-        self.lm_head = QuantLinear(head, None, _ACT16, dev, int8_gemm)
+        self.lm_head = QuantLinear(head, None, _ACT16, dev, int8_gemm, unit=float(1 << LOGIT_FRACTION_BITS))
         unused = sorted(k for k in weights if k not in used and not k.endswith("rotary_emb.inv_freq")
                         and not (c.tie_word_embeddings and k == "lm_head.weight"))
         if unused:
@@ -660,9 +661,8 @@ class ExactLlama:
     @_exact_pass
     def logits_before_rounding(self, hidden: torch.Tensor) -> torch.Tensor:
         """The float64 logits in units of 2**-16 just before ``rint`` (what the drift check digests)."""
-        h = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
-        return self.lm_head(h) * float(1 << LOGIT_FRACTION_BITS)
+        return self.lm_head(rms_norm(hidden, self.final_norm, self.config.rms_norm_eps))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Integer logits in units of 2**-16 (int64), from final hidden states."""
-        return rint(self.logits_before_rounding(hidden)).to(torch.int64)
+        return rint_(self.logits_before_rounding(hidden).clamp_(-_RINT_LIMIT, _RINT_LIMIT)).to(torch.int64)

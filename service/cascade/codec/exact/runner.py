@@ -66,7 +66,7 @@ from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
 
 logger = logging.getLogger("cascade.codec")
 T = TypeVar("T")
-_LOGIT_ROWS = 1024
+_LOGIT_ELEMENTS = 1 << 20
 _EVENTS = 4096
 
 
@@ -566,11 +566,14 @@ class ExactRunner:
         freq_all = torch.zeros_like(low_all)
         rank_all = torch.zeros_like(low_all)
         bits_all = torch.zeros(hidden.shape[0], dtype=torch.float64, device=device)
-        for a in range(0, hidden.shape[0], _LOGIT_ROWS):
-            logits = self.model.logits(hidden[a:a + _LOGIT_ROWS])
-            tokens = wanted[a:a + _LOGIT_ROWS]
+        # Logits in slices of ~2**20 values: the full-vocabulary passes stay in reused heap memory
+        # (a 1,024-row slice of a 49k vocabulary took 3× longer per row, mostly fresh pages).
+        block = max(8, _LOGIT_ELEMENTS // self.vocab_size)
+        for a in range(0, hidden.shape[0], block):
+            logits = self.model.logits(hidden[a:a + block])
+            tokens = wanted[a:a + block]
             bits_all[a:a + tokens.shape[0]] = ideal_bits(logits, tokens)
-            here = row_settings[a:a + _LOGIT_ROWS]
+            here = row_settings[a:a + block]
             for top_k, precision in set(here):
                 rows = torch.from_numpy(np.flatnonzero([x == (top_k, precision) for x in here])).to(device)
                 ids, cdf = frequency_tables(logits[rows], top_k, precision)
