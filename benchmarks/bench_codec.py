@@ -156,9 +156,9 @@ async def coder_share(lanes: list[list[int]], args: argparse.Namespace) -> tuple
     tokens/s, exact-model MiB)."""
     _service_path()
     from cascade.codec.exact.model import ExactLlama
-    from cascade.codec.exact.runner import ExactRunner
+    from cascade.codec.exact.runner import ExactRunner, single_threaded
 
-    model = ExactLlama.from_pretrained(args.model_dir, args.max_model_len)
+    model = single_threaded(ExactLlama.from_pretrained, args.model_dir, args.max_model_len)
     runner = ExactRunner(model, model.config.vocab_size, max_rows=args.parallel,
                          threads=args.codec_threads or None)
     picked = [lane[:args.share_tokens] for lane in lanes[:args.parallel]]

@@ -157,13 +157,13 @@ class Gateway:
         from cascade.codec.exact.device import resolve_codec_device
         from cascade.codec.exact.known_answer import check_known_answer, reference_path
         from cascade.codec.exact.model import NUMERICS_VERSION, ExactLlama
-        from cascade.codec.exact.runner import ExactRunner
+        from cascade.codec.exact.runner import ExactRunner, single_threaded
 
         s = self.settings
         try:
             device = resolve_codec_device(s.codec_device)
-            model = await asyncio.to_thread(ExactLlama.from_pretrained, s.model, s.max_model_len, device,
-                                            s.codec_kernels)
+            model = await asyncio.to_thread(single_threaded, ExactLlama.from_pretrained, s.model, s.max_model_len,
+                                            device, s.codec_kernels)
         except (OSError, ValueError, KeyError) as exc:
             self.codec_status.set(CodecState.UNSUPPORTED,
                                   f"codec disabled: the exact codec cannot run this model ({exc})")
@@ -177,7 +177,7 @@ class Gateway:
             known_answer = reference_path(self.engines.fingerprint)
             try:
                 if known_answer.exists():
-                    await asyncio.to_thread(check_known_answer, model, known_answer)
+                    await asyncio.to_thread(single_threaded, check_known_answer, model, known_answer)
                 await self.codec.self_test(inject_fault=s.codec_selftest_fault)
             except Exception as exc:  # whatever fails, the codec stays off with the reason; the rest serves
                 self.codec_status.set(CodecState.FAILED, "codec disabled: the startup self-test failed "

@@ -50,10 +50,10 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -67,6 +67,21 @@ from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
 logger = logging.getLogger("cascade.codec")
 T = TypeVar("T")
 _LOGIT_ELEMENTS = 1 << 20
+_PROCESS_THREADS = torch.get_num_threads()
+P = ParamSpec("P")
+
+
+def single_threaded(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args)`` with one torch thread, for codec work outside the runner's worker (model loading,
+    the known-answer check). Measured: once a second thread had run torch's parallel kernels, every
+    parallel op of the worker got ~1.5× slower (a decode step of pycoder-23m at 32 rows: 22 → 38 ms);
+    single-threaded work elsewhere leaves the worker the only parallel user."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(before)
 _EVENTS = 4096
 
 
@@ -382,8 +397,7 @@ class ExactRunner:
 
     # -- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        torch.set_num_threads(self.threads or _PROCESS_THREADS)
         while True:
             with self._wake:
                 while not self._closed and not self._has_work():
