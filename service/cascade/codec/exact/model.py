@@ -25,8 +25,10 @@ Why it is exact (the argument the codec's portability rests on):
 A token's row therefore depends only on its own inputs and on exact sums, so the same text gives
 bit-identical logits in prefill and in decode steps, alone or among other rows, on any device.
 
-Storage is integer-native: linear weights int8 (converted piecewise to float32 for each GEMM), the
-embedding in the checkpoint's dtype (its rows become float64 exactly), the KV cache int32. Every
+Storage is integer-native: linear weights int8, the embedding in the checkpoint's dtype (its rows
+become float64 exactly), the KV cache int32. Linear layers run on the host's int8 GEMM where a
+load-time probe shows it sums exactly (``int8_gemm``), else as the float32 pieces above; decode
+attention reads the int32 cache directly (``cache_products``) — the same sums either way. Every
 aten op the decision path runs is on the reviewed allow-list in ``audit`` (CI fails otherwise), and
 ``known_answer`` digests the pre-rounding intermediates to catch arithmetic drift at start-up.
 """
@@ -209,9 +211,10 @@ def _scalar(value: float, device: str) -> torch.Tensor:
 class QuantLinear:
     """``y ≈ x Wᵀ (+ b)`` with int8 weights per output channel and per-token activation integers.
 
-    The weights are stored as int8 ``(in, out)``; each GEMM converts one piece of ≤ 1,040 input
-    rows to float32 on the fly (int8 values are exact in float32) so the stored model stays at one
-    byte per weight. The output layer's int16 activations are split as ``hi·2**8 + lo`` with
+    The weights are stored as int8 ``(in, out)``. With ``int8_gemm`` (and a probe that passed for this
+    shape) the product is ``torch._int_mm``; otherwise each GEMM converts one piece of ≤ 1,040 input
+    rows to float32 on the fly (int8 values are exact in float32), so the stored model stays at one
+    byte per weight either way. The output layer's int16 activations are split as ``hi·2**8 + lo`` with
     ``|hi|, |lo| ≤ 128``, two float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24),
     recombined exactly in float64: the same integer sum as a float64 GEMM, at float32 speed."""
 
