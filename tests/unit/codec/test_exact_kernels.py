@@ -3,6 +3,7 @@ and the integer-cache attention products equal torch's float64 products bit for 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ from cascade.codec.exact.model import ExactConfig, ExactLlama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.codec.numerics_matrix import CONFIGS, MAX_POSITIONS, load, random_weights
+from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, MAX_POSITIONS, load, random_weights, record
 
+EXPECTED = json.loads(DIGESTS.read_text())
 needs_kernels = pytest.mark.skipif(not cache_products.AVAILABLE, reason="numba is not installed")
 
 
@@ -127,3 +129,20 @@ def test_integer_cache_products_are_right_when_called_from_many_threads_at_once(
     for t in threads:
         t.join()
     assert results == [True] * 80
+
+
+@needs_kernels
+def test_a_host_where_the_cache_kernels_fail_keeps_torchs_kernels_with_the_same_integers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("no compiler here")
+
+    cache_products._compiles.cache_clear()
+    monkeypatch.setattr(cache_products, "_scores", broken)
+    try:
+        model = _fresh("qwen2-gqa2-bias")
+        assert not model._cache_kernels
+        assert "integer-cache attention off" in model.kernel_summary()
+        assert record(model) == EXPECTED["qwen2-gqa2-bias"]
+    finally:
+        cache_products._compiles.cache_clear()

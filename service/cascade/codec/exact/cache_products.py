@@ -19,12 +19,15 @@ Calls are serialised by a lock: numba's default thread pool does not take concur
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+logger = logging.getLogger("cascade.codec")
 _LOCK = threading.Lock()
 observers: list[Callable[[str, tuple[torch.Tensor, ...]], None]] = []
 """Called with each kernel's name and operands (``audit.OpAudit`` checks them: dispatch never sees numba)."""
@@ -69,8 +72,27 @@ except ImportError:  # pragma: no cover - numba is a pinned dependency; the torc
 
 
 def usable(device: torch.device, cache_dtype: torch.dtype) -> bool:
-    """Whether the kernels serve this model: numba present, CPU tensors, an int32 cache."""
-    return AVAILABLE and device.type == "cpu" and cache_dtype == torch.int32
+    """Whether the kernels serve this model: numba present and working here, CPU tensors, an int32 cache."""
+    return device.type == "cpu" and cache_dtype == torch.int32 and _compiles()
+
+
+@functools.cache
+def _compiles() -> bool:
+    """Compile and check both kernels once (at model load, not inside a request): a host where numba
+    cannot build them keeps torch's kernels — the same integers — instead of failing decode steps."""
+    if not AVAILABLE:
+        return False
+    try:
+        q = torch.arange(24, dtype=torch.float64).view(1, 2, 3, 4) - 11
+        cache = (torch.arange(40, dtype=torch.int32).view(1, 2, 5, 4) - 19).contiguous()
+        p = scores(q, cache, 4)
+        if not torch.equal(p, q @ cache[:, :, :4].to(torch.float64).transpose(-1, -2)):
+            return False
+        return torch.equal(weighted(p, cache, 4), p @ cache[:, :, :4].to(torch.float64))
+    except Exception as exc:  # numba's errors are many types; any of them means "not here"
+        logger.warning("integer-cache attention kernels unavailable (%s: %s): torch's kernels are used",
+                       type(exc).__name__, exc)
+        return False
 
 
 def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:

@@ -27,7 +27,8 @@ import torch
 
 logger = logging.getLogger("cascade.codec")
 INT32_TERMS = ((1 << 31) - 1) // (127 * 127)
-_PROBE_ROWS = (1, 5, 33, 160)
+_LARGE_ROWS = 1024
+_PROBE_ROWS = (1, 5, 33, 160, _LARGE_ROWS)
 _CUDA_MIN_ROWS = 17
 
 
@@ -57,13 +58,14 @@ def _probe_operands(rows: int, k: int, n: int, device: torch.device) -> tuple[to
 @functools.cache
 def int8_gemm_is_exact(device: torch.device, k: int, n: int) -> bool:
     """Whether ``int8_matmul`` of ``(M, k) @ (k, n)`` returns the exact integer product on this host
-    for every probed ``M`` (one row, a few, a block and more): the same kernel family answers every
+    for every probed ``M`` (one row, a few, a decode cohort, a block and a prefill chunk): the same kernel family answers every
     call of that shape, and saturation shows on these operands whenever it can happen at all."""
     if k > INT32_TERMS:
         return False
     try:
         for rows in _PROBE_ROWS:
-            a, w = _probe_operands(rows, k, n, device)
+            # a prefill-sized block too (kernels choose their blocking by rows), on fewer columns
+            a, w = _probe_operands(rows, k, n if rows < _LARGE_ROWS else min(n, 256), device)
             got = int8_matmul(a, w)
             expected = a.to(torch.float64) @ w.to(torch.float64)
             if got.dtype != torch.int32 or not torch.equal(got.to(torch.float64), expected):
