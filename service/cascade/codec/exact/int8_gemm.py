@@ -58,8 +58,9 @@ def _probe_operands(rows: int, k: int, n: int, device: torch.device) -> tuple[to
 @functools.cache
 def int8_gemm_is_exact(device: torch.device, k: int, n: int) -> bool:
     """Whether ``int8_matmul`` of ``(M, k) @ (k, n)`` returns the exact integer product on this host
-    for every probed ``M`` (one row, a few, a decode cohort, a block and a prefill chunk): the same kernel family answers every
-    call of that shape, and saturation shows on these operands whenever it can happen at all."""
+    for every probed ``M`` (one row, a few, a decode cohort, a block and a prefill chunk): the same
+    kernel family answers every call of that shape, and saturation shows on these operands whenever
+    it can happen at all."""
     if k > INT32_TERMS:
         return False
     try:

@@ -427,17 +427,20 @@ class ExactLlama:
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
 
-            def linear(name: str, bias: bool, prefix: str = p) -> QuantLinear:
-                return QuantLinear(take(prefix + name + ".weight"), take(prefix + name + ".bias") if bias else None,
-                                   _ACT8, dev, int8_gemm)
+            def linear(names: tuple[str, ...], bias: bool, prefix: str = p) -> QuantLinear:
+                """One GEMM for projections of the same input (q/k/v, gate/up): every output channel is
+                quantised and summed on its own, so stacking them changes no bit and saves passes."""
+                weight = torch.cat([take(prefix + name + ".weight") for name in names])
+                biases = torch.cat([take(prefix + name + ".bias") for name in names]) if bias else None
+                return QuantLinear(weight, biases, _ACT8, dev, int8_gemm)
 
             self.layers.append({
                 "attn_norm": vector(p + "input_layernorm.weight"),
                 "mlp_norm": vector(p + "post_attention_layernorm.weight"),
-                "q": linear("self_attn.q_proj", c.qkv_bias), "k": linear("self_attn.k_proj", c.qkv_bias),
-                "v": linear("self_attn.v_proj", c.qkv_bias), "o": linear("self_attn.o_proj", c.o_bias),
-                "gate": linear("mlp.gate_proj", c.mlp_bias), "up": linear("mlp.up_proj", c.mlp_bias),
-                "down": linear("mlp.down_proj", c.mlp_bias)})
+                "qkv": linear(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), c.qkv_bias),
+                "o": linear(("self_attn.o_proj",), c.o_bias),
+                "gate_up": linear(("mlp.gate_proj", "mlp.up_proj"), c.mlp_bias),
+                "down": linear(("mlp.down_proj",), c.mlp_bias)})
         self.final_norm = vector("model.norm.weight")
         head = embed if c.tie_word_embeddings else take("lm_head.weight")
         self.lm_head = QuantLinear(head, None, _ACT16, dev, int8_gemm, unit=float(1 << LOGIT_FRACTION_BITS))
@@ -578,16 +581,21 @@ class ExactLlama:
 
     def _mlp(self, layer: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, layer["mlp_norm"], self.config.rms_norm_eps)
-        return layer["down"](silu(layer["gate"](h), self.sigmoid) * layer["up"](h))
+        gate_up = layer["gate_up"](h)
+        inter = self.config.intermediate_size
+        return layer["down"](silu(gate_up[:, :inter], self.sigmoid) * gate_up[:, inter:])
 
     def _qkv(self, layer: dict[str, Any], x: torch.Tensor, positions: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.config
         h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
         n = x.shape[0]
-        q = self._rope(layer["q"](h).view(n, c.num_heads, c.head_dim), positions)
-        k = self._rope(layer["k"](h).view(n, c.num_kv_heads, c.head_dim), positions)
-        v = self._values(layer["v"](h).view(n, c.num_kv_heads, c.head_dim))
+        qkv = layer["qkv"](h)
+        q_end = c.num_heads * c.head_dim
+        k_end = q_end + c.num_kv_heads * c.head_dim
+        q = self._rope(qkv[:, :q_end].reshape(n, c.num_heads, c.head_dim), positions)
+        k = self._rope(qkv[:, q_end:k_end].reshape(n, c.num_kv_heads, c.head_dim), positions)
+        v = self._values(qkv[:, k_end:].reshape(n, c.num_kv_heads, c.head_dim))
         return q, k, v
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -171,9 +171,11 @@ class _DecodeJob(_Job):
 
 
 def ideal_bits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Per row, the exact model's own code length for its token (statistics only; not in the coding path)."""
-    z = logits.to(torch.float64) / float(1 << LOGIT_FRACTION_BITS)
-    return (torch.logsumexp(z, dim=1) - z.gather(1, tokens[:, None])[:, 0]) / math.log(2)
+    """Per row, the exact model's own code length for its token (statistics only; not in the coding path:
+    float32 halves the passes over the vocabulary and stays within ~1e-6 bits per token)."""
+    z = logits.to(torch.float32) * 2.0**-LOGIT_FRACTION_BITS
+    bits = (torch.logsumexp(z, dim=1) - z.gather(1, tokens[:, None])[:, 0]) / math.log(2)
+    return bits.to(torch.float64)
 
 
 class ExactRunner:
