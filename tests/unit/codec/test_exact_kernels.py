@@ -146,3 +146,16 @@ def test_a_host_where_the_cache_kernels_fail_keeps_torchs_kernels_with_the_same_
         assert record(model) == EXPECTED["qwen2-gqa2-bias"]
     finally:
         cache_products._compiles.cache_clear()
+
+
+@needs_kernels
+def test_the_cache_kernels_leave_the_callers_torch_thread_count_as_it_was() -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        q = torch.ones(1, 1, 1, 8, dtype=torch.float64)
+        keys = torch.ones(1, 1, 4, 8, dtype=torch.int32)
+        assert torch.equal(cache_products.scores(q, keys, 4), torch.full((1, 1, 1, 4), 8.0, dtype=torch.float64))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -100,9 +100,7 @@ def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:
     out = torch.empty(*q.shape[:3], span, dtype=torch.float64)
     for observe in observers:
         observe("cache_products.scores", (q, keys))
-    with _LOCK:
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        _scores(q.contiguous().numpy(), keys.numpy(), span, out.numpy())
+    _launch(_scores, q.contiguous().numpy(), keys.numpy(), span, out.numpy())
     return out
 
 
@@ -111,7 +109,17 @@ def weighted(p: torch.Tensor, values: torch.Tensor, span: int) -> torch.Tensor:
     out = torch.empty(*p.shape[:3], values.shape[3], dtype=torch.float64)
     for observe in observers:
         observe("cache_products.weighted", (p, values))
-    with _LOCK:
-        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-        _weighted(p.contiguous().numpy(), values.numpy(), span, out.numpy())
+    _launch(_weighted, p.contiguous().numpy(), values.numpy(), span, out.numpy())
     return out
+
+
+def _launch(kernel: Any, *args: Any) -> None:
+    """Run ``kernel`` on as many threads as torch uses in this thread. Numba's OpenMP start-up resets
+    the calling thread's OpenMP thread count (measured: torch 1 → 2 after the first launch), which
+    would undo ``codec_threads`` and the single-threaded loading: the caller's count is put back."""
+    threads = torch.get_num_threads()
+    with _LOCK:
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        kernel(*args)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

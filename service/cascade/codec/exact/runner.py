@@ -67,6 +67,7 @@ from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
 logger = logging.getLogger("cascade.codec")
 T = TypeVar("T")
 _LOGIT_ELEMENTS = 1 << 20
+_EVENTS = 4096
 _PROCESS_THREADS = torch.get_num_threads()
 P = ParamSpec("P")
 
@@ -82,7 +83,6 @@ def single_threaded(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)
     finally:
         torch.set_num_threads(before)
-_EVENTS = 4096
 
 
 @dataclass(frozen=True)
