@@ -68,7 +68,6 @@ logger = logging.getLogger("cascade.codec")
 T = TypeVar("T")
 _LOGIT_ELEMENTS = 1 << 20
 _EVENTS = 4096
-_PROCESS_THREADS = torch.get_num_threads()
 P = ParamSpec("P")
 
 
@@ -182,8 +181,8 @@ class ExactRunner:
     """Thread-safe front: ``encode``/``decode`` are awaitable from any event loop.
 
     ``max_rows``: KV rows decoded together (a segment with more lanes runs alone);
-    ``prefill_tokens``: tokens per compression chunk; ``kv_budget_bytes``: the decode cache's
-    budget (None: unbounded)."""
+    ``prefill_tokens``: tokens per compression chunk; ``threads``: torch threads of the worker (None:
+    the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None) -> None:
@@ -191,7 +190,9 @@ class ExactRunner:
         self.vocab_size = vocab_size
         self.max_rows = max(1, max_rows)
         self.prefill_tokens = max(1, prefill_tokens)
-        self.threads = threads
+        # Fixed here, not read lazily by the worker: ``single_threaded`` work may be lowering the count
+        # for its own thread at the moment the worker first touches torch.
+        self.threads = threads or torch.get_num_threads()
         self.kv_budget_bytes = kv_budget_bytes
         self.row_position_bytes = bytes_per_row_position(model)
         self.stats = RunnerStats()
@@ -399,7 +400,7 @@ class ExactRunner:
 
     # -- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
-        torch.set_num_threads(self.threads or _PROCESS_THREADS)
+        torch.set_num_threads(self.threads)
         while True:
             with self._wake:
                 while not self._closed and not self._has_work():
