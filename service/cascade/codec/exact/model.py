@@ -214,9 +214,10 @@ class QuantLinear:
     The weights are stored as int8 ``(in, out)``. With ``int8_gemm`` (and a probe that passed for this
     shape) the product is ``torch._int_mm``; otherwise each GEMM converts one piece of ≤ 1,040 input
     rows to float32 on the fly (int8 values are exact in float32), so the stored model stays at one
-    byte per weight either way. The output layer's int16 activations are split as ``hi·2**8 + lo`` with
-    ``|hi|, |lo| ≤ 128``, two float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24),
-    recombined exactly in float64: the same integer sum as a float64 GEMM, at float32 speed."""
+    byte per weight either way. On the float32 path the output layer's int16 activations are split as
+    ``hi·2**8 + lo`` with ``|hi|, |lo| ≤ 128``, two float32 products per piece of ≤ 1,032 terms
+    (128·127·1032 < 2**24), recombined exactly in float64: the same integer sum as a float64 GEMM, at
+    float32 speed (the int8 path's digits: ``_int8_product``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float,
                  device: torch.device, int8_gemm: bool = False, unit: float = 1.0) -> None:
@@ -544,7 +545,8 @@ class ExactLlama:
     def _attend_cached(self, q: torch.Tensor, cache: KVCache, layer: int, span: int, invalid: torch.Tensor
                        ) -> torch.Tensor:
         """Decode-step attention of q (rows, kv_heads, group, D) over the first ``span`` cached
-        positions, a few rows at a time: each chunk's integer keys and values become float64 in a
+        positions. With the cache kernels (``cache_products``) the int32 cache is read directly;
+        otherwise a few rows at a time: each chunk's integer keys and values become float64 in a
         buffer of at most ``_KV_BLOCK_ELEMENTS`` (cache-resident) instead of one copy of the whole
         context — the same values, so the same bits, at a fraction of the memory traffic."""
         rows = q.shape[0]
