@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cascade.codec.exact import cache_products
-from cascade.codec.exact.audit import ALLOWED, OpAudit, allow_list_markdown, cast_list_markdown
+from cascade.codec.exact import cache_products, fused
+from cascade.codec.exact.audit import ALLOWED, KERNELS, OpAudit, allow_list_markdown, cast_list_markdown
 
 from tests.unit.codec.numerics_matrix import load, model_names, record
 
@@ -28,6 +28,8 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
         assert "aten._int_mm.default" not in audit.calls and "cache_products.scores" not in audit.calls
     elif cache_products.usable(model.device, model.cache_dtype):
         assert audit.calls["cache_products.scores"] > 0 and audit.calls["cache_products.weighted"] > 0
+        if fused.usable(model.device):
+            assert all(audit.calls.get(name, 0) > 0 for name in KERNELS if name.startswith("fused."))
 
 
 def test_the_audit_catches_a_python_number_divisor_an_unreviewed_op_and_a_long_float32_sum() -> None:

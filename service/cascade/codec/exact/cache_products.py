@@ -100,7 +100,7 @@ def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:
     out = torch.empty(*q.shape[:3], span, dtype=torch.float64)
     for observe in observers:
         observe("cache_products.scores", (q, keys))
-    _launch(_scores, q.contiguous().numpy(), keys.numpy(), span, out.numpy())
+    launch(_scores, q.contiguous().numpy(), keys.numpy(), span, out.numpy())
     return out
 
 
@@ -109,11 +109,11 @@ def weighted(p: torch.Tensor, values: torch.Tensor, span: int) -> torch.Tensor:
     out = torch.empty(*p.shape[:3], values.shape[3], dtype=torch.float64)
     for observe in observers:
         observe("cache_products.weighted", (p, values))
-    _launch(_weighted, p.contiguous().numpy(), values.numpy(), span, out.numpy())
+    launch(_weighted, p.contiguous().numpy(), values.numpy(), span, out.numpy())
     return out
 
 
-def _launch(kernel: Any, *args: Any) -> None:
+def launch(kernel: Any, *args: Any) -> None:
     """Run ``kernel`` on as many threads as torch uses in this thread. Numba's OpenMP start-up resets
     the calling thread's OpenMP thread count (measured: torch 1 → 2 after the first launch), which
     would undo ``codec_threads`` and the single-threaded loading: the caller's count is put back."""

@@ -46,7 +46,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from cascade.codec.exact import cache_products, tables
+from cascade.codec.exact import cache_products, fused, tables
 from cascade.codec.exact.int8_gemm import int8_gemm_is_exact, int8_matmul
 
 P = ParamSpec("P")
@@ -253,6 +253,13 @@ class QuantLinear:
         acc = self._int8_product(m) if self.int8_gemm else self._float32_product(m)
         y = acc * (step * self.scale[None, :])
         return y if self.bias is None else y + self.bias
+
+    def product(self, m: torch.Tensor) -> torch.Tensor:
+        """``m @ W`` of ±127 activation integers (int8, from ``fused``) as exact integers: int32 from the
+        int8 GEMM, float64 from the float32 pieces (the fused kernels take either)."""
+        if self.int8_gemm:
+            return int8_matmul(m, self.weight)
+        return self._float32_product(m)
 
     def _int8_product(self, m: torch.Tensor) -> torch.Tensor:
         """``m @ W`` as exact integers in float64 through the host's int8 GEMM (``int8_gemm``):
@@ -461,6 +468,7 @@ class ExactLlama:
         self.score_to_grid = float(1 << tables.ATT_GRID_BITS) / (float(1 << (2 * _QK_BITS)) * math.sqrt(c.head_dim))
         self._v_unit = _scalar(float(1 << _V_BITS), str(dev))
         self._cache_kernels = kernels == "fast" and cache_products.usable(self.device, self.cache_dtype)
+        self._fused = self._cache_kernels and fused.usable(self.device)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, max_positions: int, device: torch.device | str = "cpu",
@@ -491,7 +499,8 @@ class ExactLlama:
         linears = self._linears()
         fast = sum(q.int8_gemm for q in linears)
         return (f"kernels={self.kernels}: int8 GEMM on {fast}/{len(linears)} linear layers, "
-                f"integer-cache attention {'on' if self._cache_kernels else 'off'} ({self.device})")
+                f"integer-cache attention {'on' if self._cache_kernels else 'off'}, "
+                f"fused elementwise kernels {'on' if self._fused else 'off'} ({self.device})")
 
     def nbytes(self) -> int:
         """Bytes of the model's tensors (weights, scales, tables) — the memory the codec role adds."""
@@ -615,9 +624,7 @@ class ExactLlama:
 
         With ``cache``, sequence ``i`` is written to cache row ``rows[i]`` (its positions 0…len-1).
         """
-        c = self.config
         dev = self.device
-        group = c.num_heads // c.num_kv_heads
         lengths = [len(s) for s in sequences]
         if min(lengths) < 1 or max(lengths) > self.max_positions:
             raise ValueError(f"sequences must hold 1…{self.max_positions} tokens")
@@ -626,23 +633,58 @@ class ExactLlama:
         tokens = torch.tensor([t for s in sequences for t in s], dtype=torch.int64, device=dev)
         positions = torch.cat([torch.arange(n, device=dev) for n in lengths])
         x = self._embed(tokens)
-        for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, positions)
-            out = torch.empty(x.shape[0], c.num_heads, c.head_dim, dtype=torch.float64, device=dev)
-            start = 0
-            for si, n in enumerate(lengths):
-                qs = q[start:start + n].transpose(0, 1).reshape(c.num_kv_heads, group, n, c.head_dim)
-                ks, vs = (t[start:start + n].transpose(0, 1) for t in (k, v))
-                out[start:start + n] = self._causal(qs, ks, vs).view(c.num_heads, n, c.head_dim).transpose(0, 1)
-                if cache is not None and rows is not None:
-                    cache.keys[li][rows[si], :, :n] = ks
-                    cache.values[li][rows[si], :, :n] = vs
-                start += n
-            x = x + layer["o"](out.reshape(x.shape[0], -1))
-            x = x + self._mlp(layer, x)
-            self._traced(f"layer{li}", x)
+        if self._fused:
+            x = self._fused_layers(x, positions, lambda li, q, k, v: fused.quantize(
+                self._prefill_attention(li, q, k, v, lengths, cache, rows).view(q.shape[0], -1)))
+        else:
+            for li, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, x, positions)
+                out = self._prefill_attention(li, q, k, v, lengths, cache, rows)
+                x = x + layer["o"](out.reshape(x.shape[0], -1))
+                x = x + self._mlp(layer, x)
+                self._traced(f"layer{li}", x)
         if cache is not None and rows is not None:
             cache.lengths[torch.tensor(rows, device=dev)] = torch.tensor(lengths, device=dev)
+        return x
+
+    def _prefill_attention(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                           cache: KVCache | None, rows: list[int] | None) -> torch.Tensor:
+        """Causal attention of each packed sequence (its keys and values into its cache row, if any)."""
+        c = self.config
+        group = c.num_heads // c.num_kv_heads
+        out = torch.empty(q.shape[0], c.num_heads, c.head_dim, dtype=torch.float64, device=self.device)
+        start = 0
+        for si, n in enumerate(lengths):
+            qs = q[start:start + n].transpose(0, 1).reshape(c.num_kv_heads, group, n, c.head_dim)
+            ks, vs = (t[start:start + n].transpose(0, 1) for t in (k, v))
+            out[start:start + n] = self._causal(qs, ks, vs).view(c.num_heads, n, c.head_dim).transpose(0, 1)
+            if cache is not None and rows is not None:
+                cache.keys[li][rows[si], :, :n] = ks
+                cache.values[li][rows[si], :, :n] = vs
+            start += n
+        return out
+
+    def _fused_layers(self, x: torch.Tensor, positions: torch.Tensor,
+                      attention: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor],
+                                          tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Every layer through the fused kernels (``fused``): the same operations as the torch path, a
+        handful of compiled loops per layer instead of ~100 small ops. ``attention(layer, q, k, v)``
+        returns the output projection's int8 input and its steps."""
+        c = self.config
+        eps = c.rms_norm_eps
+        m, steps = fused.norm_quantize(x, self.layers[0]["attn_norm"], eps)
+        for li, layer in enumerate(self.layers):
+            qkv, o, gate_up, down = layer["qkv"], layer["o"], layer["gate_up"], layer["down"]
+            q, k, v = fused.qkv(qkv.product(m), steps, qkv.scale, qkv.bias, positions, self.cos, self.sin,
+                                c.num_heads, c.num_kv_heads, c.head_dim, self.qk_limit, self.v_limit)
+            m, steps = attention(li, q, k, v)
+            x, squares = fused.residual(x, o.product(m), steps, o.scale, o.bias, eps)
+            m, steps = fused.norm_quantize(x, layer["mlp_norm"], eps, squares)
+            m, steps = fused.silu_quantize(gate_up.product(m), steps, gate_up.scale, gate_up.bias, self.sigmoid)
+            x, squares = fused.residual(x, down.product(m), steps, down.scale, down.bias, eps)
+            if li + 1 < len(self.layers):
+                m, steps = fused.norm_quantize(x, self.layers[li + 1]["attn_norm"], eps, squares)
+            self._traced(f"layer{li}", x)
         return x
 
     @_exact_pass
@@ -656,18 +698,29 @@ class ExactLlama:
         span = int(positions.max()) + 1
         if span > cache.capacity:
             raise ValueError("a row's cache is full")
-        invalid = (torch.arange(span, device=dev)[None, :] > positions[:, None])[:, None, None, :]
         x = self._embed(tokens.to(dev))
         n = x.shape[0]
-        at = torch.arange(n, device=dev)
-        for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, positions)
-            cache.keys[li][at, :, positions] = k.to(cache.dtype)
-            cache.values[li][at, :, positions] = v.to(cache.dtype)
-            out = self._attend_cached(q.view(n, c.num_kv_heads, group, c.head_dim), cache, li, span, invalid)
-            x = x + layer["o"](out.reshape(n, -1))
-            x = x + self._mlp(layer, x)
-            self._traced(f"layer{li}", x)
+        if self._fused:
+            def cached(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                keys, values = cache.keys[li], cache.values[li]
+                fused.store(k, v, positions, keys, values)
+                scores = cache_products.scores(q.view(n, c.num_kv_heads, group, c.head_dim), keys, span)
+                p, sums = fused.weights(scores, positions, self.score_to_grid, self.att_exp)
+                return fused.normalise_quantize(cache_products.weighted(p, values, span), sums, float(1 << _V_BITS))
+
+            x = self._fused_layers(x, positions, cached)
+        else:
+            invalid = (torch.arange(span, device=dev)[None, :] > positions[:, None])[:, None, None, :]
+            at = torch.arange(n, device=dev)
+            for li, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, x, positions)
+                cache.keys[li][at, :, positions] = k.to(cache.dtype)
+                cache.values[li][at, :, positions] = v.to(cache.dtype)
+                out = self._attend_cached(q.view(n, c.num_kv_heads, group, c.head_dim), cache, li, span, invalid)
+                x = x + layer["o"](out.reshape(n, -1))
+                x = x + self._mlp(layer, x)
+                self._traced(f"layer{li}", x)
         cache.lengths = positions + 1
         return x
 

@@ -1,0 +1,354 @@
+"""The exact model's elementwise chains as one compiled loop each (CPU, numba): same operations, same order.
+
+Why: between its GEMMs a layer runs about a hundred small torch operations (RMSNorm, quantisation,
+RoPE, the attention weights, SiLU, the residual adds), each a separate pass over memory and a
+separate dispatch. On a CPU a 32-row decode step spent most of its time there, and one core idled
+while Python launched them. Each function here does one such chain for a whole batch of rows in a
+single parallel loop.
+
+Why the bits are the same: every kernel performs, per element, the very IEEE-754 binary64
+operations the torch code of ``model`` performs, in the same order, each correctly rounded
+(``+ − × ÷ √``, ``min``/``max``, the ``1.5·2**52`` rounding trick), and table lookups at the same
+integer indices. They are compiled *without* fast-math: no reassociation, no reciprocal, no
+contraction into FMA — :func:`strict` checks the generated machine code for fused multiply-adds
+and refuses the kernels where it finds one. The only reductions are maxima (exact) and sums of
+integers below 2**53 (exact in any order). Tests compare every kernel with the torch code bit for
+bit, and the recorded ``exact-llama-1`` digests hold on this path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+import torch
+
+from cascade.codec.exact import cache_products
+
+logger = logging.getLogger("cascade.codec")
+_MAGIC = 1.5 * 2.0**52
+_LIMIT = 2.0**50
+_FMA = re.compile(r"\bv?f(n)?m(add|sub)\w*|\bfmla\b|\bfmls\b", re.IGNORECASE)
+
+try:
+    import numba
+    import numpy as np
+    from numba import prange
+
+    _STRICT: dict[str, Any] = {"parallel": True, "nogil": True, "cache": False, "error_model": "numpy",
+                               "fastmath": False}
+
+    @numba.njit(inline="always", error_model="numpy", fastmath=False)
+    def _rint(v: float) -> float:  # pragma: no cover - compiled
+        v = min(max(v, -_LIMIT), _LIMIT)
+        return (v + _MAGIC) - _MAGIC
+
+    @numba.njit(inline="always", error_model="numpy", fastmath=False)
+    def _quantize_row(z: Any, act: float, m: Any) -> float:  # pragma: no cover - compiled
+        amax = 0.0
+        for j in range(z.shape[0]):
+            a = abs(z[j])
+            if a > amax:
+                amax = a
+        step = (amax if amax > 0.0 else 1.0) / act
+        for j in range(z.shape[0]):
+            m[j] = np.int8((z[j] / step + _MAGIC) - _MAGIC)
+        return step
+
+    @numba.njit(inline="always", error_model="numpy", fastmath=False)
+    def _mean_square(x: Any, eps: float) -> float:  # pragma: no cover - compiled
+        n = x.shape[0]
+        amax = 0.0
+        for j in range(n):
+            a = abs(x[j])
+            if a > amax:
+                amax = a
+        step = (amax if amax > 0.0 else 1.0) / 32767.0
+        squares = 0.0
+        for j in range(n):
+            xi = _rint(x[j] / step)
+            squares += xi * xi
+        return squares / float(n) * (step * step) + eps
+
+    @numba.njit(**_STRICT)
+    def _mean_squares(x: Any, eps: float, out: Any) -> None:  # pragma: no cover - compiled
+        for r in prange(x.shape[0]):
+            out[r] = _mean_square(x[r], eps)
+
+    @numba.njit(inline="always", error_model="numpy", fastmath=False)
+    def _linear_out(acc: Any, step: float, scale: Any, bias: Any, j: int) -> float:  # pragma: no cover
+        y = acc[j] * (step * scale[j])
+        return y + bias[j] if bias.shape[0] else y
+
+    @numba.njit(**_STRICT)
+    def _norm_quantize(x: Any, roots: Any, gain: Any, z: Any, m: Any, steps: Any) -> None:  # pragma: no cover
+        for r in prange(x.shape[0]):
+            for j in range(x.shape[1]):
+                z[r, j] = x[r, j] / roots[r] * gain[j]
+            steps[r] = _quantize_row(z[r], 127.0, m[r])
+
+    @numba.njit(**_STRICT)
+    def _quantize(x: Any, m: Any, steps: Any) -> None:  # pragma: no cover - compiled
+        for r in prange(x.shape[0]):
+            steps[r] = _quantize_row(x[r], 127.0, m[r])
+
+    @numba.njit(**_STRICT)
+    def _residual(x: Any, acc: Any, steps: Any, scale: Any, bias: Any, eps: float, out: Any, squares: Any
+                  ) -> None:  # pragma: no cover - compiled
+        for r in prange(x.shape[0]):
+            for j in range(x.shape[1]):
+                out[r, j] = x[r, j] + _linear_out(acc[r], steps[r], scale, bias, j)
+            squares[r] = _mean_square(out[r], eps)
+
+    @numba.njit(**_STRICT)
+    def _silu_quantize(acc: Any, steps: Any, scale: Any, bias: Any, table: Any, z: Any, m: Any,
+                       next_steps: Any) -> None:  # pragma: no cover - compiled
+        inter = z.shape[1]
+        half = float((table.shape[0] - 1) // 2)
+        for r in prange(acc.shape[0]):
+            for j in range(inter):
+                g = _linear_out(acc[r], steps[r], scale, bias, j)
+                u = _linear_out(acc[r], steps[r], scale, bias, inter + j)
+                index = min(max(_rint(g * 1024.0), -half), half)
+                z[r, j] = g * table[int(index) + int(half)] * u
+            next_steps[r] = _quantize_row(z[r], 127.0, m[r])
+
+    @numba.njit(**_STRICT)
+    def _qkv(acc: Any, steps: Any, scale: Any, bias: Any, positions: Any, cos: Any, sin: Any, qk_limit: float,
+             v_limit: float, q: Any, k: Any, v: Any) -> None:  # pragma: no cover - compiled
+        heads, dim = q.shape[1], q.shape[2]
+        kv_heads = k.shape[1]
+        half = dim // 2
+        for r in prange(acc.shape[0]):
+            p = positions[r]
+            for h in range(heads + kv_heads):
+                base = h * dim
+                for i in range(half):
+                    x1 = _linear_out(acc[r], steps[r], scale, bias, base + i)
+                    x2 = _linear_out(acc[r], steps[r], scale, bias, base + half + i)
+                    c = cos[p, i]
+                    s = sin[p, i]
+                    lo = min(max(_rint((x1 * c - x2 * s) * 1024.0), -qk_limit), qk_limit)
+                    hi = min(max(_rint((x2 * c + x1 * s) * 1024.0), -qk_limit), qk_limit)
+                    if h < heads:
+                        q[r, h, i] = lo
+                        q[r, h, half + i] = hi
+                    else:
+                        k[r, h - heads, i] = lo
+                        k[r, h - heads, half + i] = hi
+            base = (heads + kv_heads) * dim
+            for h in range(kv_heads):
+                for i in range(dim):
+                    value = _linear_out(acc[r], steps[r], scale, bias, base + h * dim + i)
+                    v[r, h, i] = min(max(_rint(value * 1024.0), -v_limit), v_limit)
+
+    @numba.njit(**_STRICT)
+    def _store(k: Any, v: Any, positions: Any, keys: Any, values: Any) -> None:  # pragma: no cover - compiled
+        for r in prange(k.shape[0]):
+            p = positions[r]
+            for h in range(k.shape[1]):
+                for i in range(k.shape[2]):
+                    keys[r, h, p, i] = k[r, h, i]
+                    values[r, h, p, i] = v[r, h, i]
+
+    @numba.njit(**_STRICT)
+    def _weights(scores: Any, positions: Any, to_grid: float, table: Any, sums: Any) -> None:  # pragma: no cover
+        rows, heads, group, span = scores.shape
+        last = float(table.shape[0] - 1)
+        masked = -float(1 << 60)
+        for rh in prange(rows * heads):
+            r = rh // heads
+            h = rh - r * heads
+            for g in range(group):
+                row = scores[r, h, g]
+                top = masked
+                for j in range(span):
+                    if j <= positions[r] and row[j] > top:
+                        top = row[j]
+                total = 0.0
+                for j in range(span):
+                    s = row[j] if j <= positions[r] else masked
+                    index = (min((top - s) * to_grid, last) + _MAGIC) - _MAGIC
+                    row[j] = table[int(index)]
+                    total += row[j]
+                sums[r, h, g] = total
+
+    @numba.njit(**_STRICT)
+    def _normalise_quantize(weighted: Any, sums: Any, unit: float, z: Any, m: Any, steps: Any
+                            ) -> None:  # pragma: no cover - compiled
+        rows, heads, group, dim = weighted.shape
+        for r in prange(rows):
+            for h in range(heads):
+                for g in range(group):
+                    denominator = sums[r, h, g] * unit
+                    for d in range(dim):
+                        z[r, (h * group + g) * dim + d] = weighted[r, h, g, d] / denominator
+            steps[r] = _quantize_row(z[r], 127.0, m[r])
+
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - numba is a pinned dependency; the torch path stays correct
+    AVAILABLE = False
+
+
+def _np(t: torch.Tensor) -> Any:
+    """A numpy view of an input (C-contiguous, so the compiled signature is the warmed-up one)."""
+    return t.contiguous().numpy()
+
+
+def _bias(bias: torch.Tensor | None) -> Any:
+    return _NO_BIAS if bias is None else bias.numpy()
+
+
+_NO_BIAS = torch.empty(0, dtype=torch.float64).numpy()
+
+
+def _report(name: str, *tensors: torch.Tensor) -> None:
+    for observe in cache_products.observers:
+        observe(name, tensors)
+
+
+def norm_quantize(x: torch.Tensor, gain: torch.Tensor, eps: float, squares: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize(rms_norm(x, gain, eps))`` → int8 activations and their per-row step (``squares``:
+    the rows' ``mean_square + eps`` when ``residual`` already computed them).
+
+    The square root is torch's own (``torch.sqrt``), not the kernel's: ``exact-llama-1`` was defined
+    with torch's CPU ``sqrt``, which is MKL's vector square root — within an ulp, not always the
+    correctly rounded one (see docs/architecture.md, "The square root")."""
+    rows, n = x.shape
+    if squares is None:
+        squares = torch.empty(rows, dtype=torch.float64)
+        _report("fused.mean_squares", x)
+        cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
+    roots = torch.sqrt(squares)
+    m = torch.empty(rows, n, dtype=torch.int8)
+    steps = torch.empty(rows, dtype=torch.float64)
+    _report("fused.norm_quantize", x, roots, gain)
+    cache_products.launch(_norm_quantize, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(m), _np(steps))
+    return m, steps
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A linear layer's int8 activations (±127 per row) and their step."""
+    m = torch.empty(x.shape, dtype=torch.int8)
+    steps = torch.empty(x.shape[0], dtype=torch.float64)
+    _report("fused.quantize", x)
+    cache_products.launch(_quantize, _np(x), _np(m), _np(steps))
+    return m, steps
+
+
+def residual(x: torch.Tensor, acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor,
+             bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x + linear_output(acc)``, and the sum's rows' ``mean_square + eps`` for the next RMSNorm."""
+    out = torch.empty_like(x)
+    squares = torch.empty(x.shape[0], dtype=torch.float64)
+    _report("fused.residual", x, acc, steps, scale)
+    cache_products.launch(_residual, _np(x), _np(acc), _np(steps), _np(scale), _bias(bias), float(eps), _np(out),
+                          _np(squares))
+    return out, squares
+
+
+def silu_quantize(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                  table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize(silu(gate) · up)`` from the stacked gate/up GEMM's integer output."""
+    rows, inter = acc.shape[0], acc.shape[1] // 2
+    m = torch.empty(rows, inter, dtype=torch.int8)
+    next_steps = torch.empty(rows, dtype=torch.float64)
+    _report("fused.silu_quantize", acc, steps, scale, table)
+    cache_products.launch(_silu_quantize, _np(acc), _np(steps), _np(scale), _bias(bias), _np(table),
+                          np.empty((rows, inter)), _np(m), _np(next_steps))
+    return m, next_steps
+
+
+def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+        positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, dim: int,
+        qk_limit: float, v_limit: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries and keys (RoPE, on their grid) and values (on theirs) from the stacked q/k/v GEMM."""
+    rows = acc.shape[0]
+    q = torch.empty(rows, heads, dim, dtype=torch.float64)
+    k = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
+    v = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
+    _report("fused.qkv", acc, steps, scale, positions, cos, sin)
+    cache_products.launch(_qkv, _np(acc), _np(steps), _np(scale), _bias(bias), _np(positions), _np(cos), _np(sin),
+                          float(qk_limit), float(v_limit), _np(q), _np(k), _np(v))
+    return q, k, v
+
+
+def store(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+          ) -> None:
+    """Write each row's key and value integers into its cache row at its position."""
+    _report("fused.store", k, v, positions, keys, values)
+    cache_products.launch(_store, _np(k), _np(v), _np(positions), _np(keys), _np(values))
+
+
+def weights(scores: torch.Tensor, positions: torch.Tensor, to_grid: float, table: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer attention weights in place of ``scores`` (keys past a row's position masked) and their sums."""
+    sums = torch.empty(scores.shape[:3], dtype=torch.float64)
+    _report("fused.weights", scores, positions, table)
+    cache_products.launch(_weights, _np(scores), _np(positions), float(to_grid), _np(table), _np(sums))
+    return scores, sums
+
+
+def normalise_quantize(weighted: torch.Tensor, sums: torch.Tensor, unit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize(weighted / (sums · unit))`` with heads flattened: the output projection's input."""
+    rows, heads, group, dim = weighted.shape
+    m = torch.empty(rows, heads * group * dim, dtype=torch.int8)
+    steps = torch.empty(rows, dtype=torch.float64)
+    _report("fused.normalise_quantize", weighted, sums)
+    cache_products.launch(_normalise_quantize, _np(weighted), _np(sums), float(unit),
+                          np.empty((rows, heads * group * dim)), _np(m), _np(steps))
+    return m, steps
+
+
+def _fused_instructions() -> list[str]:
+    """FMA-like instructions in the machine code of every strict kernel (must be none)."""
+    found = []
+    for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv, _store, _weights,
+                   _normalise_quantize):
+        for signature, asm in kernel.inspect_asm().items():
+            found += [f"{kernel.__name__}{signature}: {m.group(0)}" for m in _FMA.finditer(asm)]
+    return found
+
+
+@functools.cache
+def usable(device: torch.device) -> bool:
+    """Whether the fused kernels serve a model on ``device``: numba present, the CPU, and kernels that
+    compile here without fused multiply-adds (compiled and inspected once, at model load)."""
+    if not AVAILABLE or device.type != "cpu" or not cache_products.usable(device, torch.int32):
+        return False
+    try:
+        _warm_up()
+        found = _fused_instructions()
+    except Exception as exc:  # numba's errors are many types; any of them means "not here"
+        logger.warning("fused exact kernels unavailable (%s: %s): torch's operations are used",
+                       type(exc).__name__, exc)
+        return False
+    if found:
+        logger.warning("fused exact kernels refused: the compiler contracted operations (%s)", found[:3])
+        return False
+    return True
+
+
+def _warm_up() -> None:
+    """Compile every kernel for the argument types the model passes (int32 and float64 GEMM outputs)."""
+    x = torch.linspace(-3, 3, 24, dtype=torch.float64).view(2, 12)
+    gain = torch.ones(12, dtype=torch.float64)
+    m, steps = norm_quantize(x, gain, 1e-6)
+    quantize(x)
+    scale = torch.ones(12, dtype=torch.float64)
+    for acc in (m.to(torch.int32), m.to(torch.float64)):
+        for bias in (None, scale):
+            residual(x, acc, steps, scale, bias, 1e-6)
+            silu_quantize(acc, steps, scale, bias, torch.zeros(9, dtype=torch.float64))
+            qkv(acc, steps, scale, bias, torch.zeros(2, dtype=torch.int64), torch.ones(1, 2, dtype=torch.float64),
+                torch.zeros(1, 2, dtype=torch.float64), 2, 2, 2, 8.0, 8.0)
+    k = torch.zeros(2, 1, 4, dtype=torch.float64)
+    for dtype in (torch.int32, torch.int64):
+        cache = torch.zeros(2, 1, 3, 4, dtype=dtype)
+        store(k, k, torch.zeros(2, dtype=torch.int64), cache, cache.clone())
+    _, sums = weights(torch.zeros(2, 1, 2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1.0,
+                      torch.ones(5, dtype=torch.float64))
+    normalise_quantize(torch.zeros(2, 1, 2, 4, dtype=torch.float64), sums, 1024.0)

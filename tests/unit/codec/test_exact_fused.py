@@ -1,0 +1,160 @@
+"""The fused elementwise kernels compute what the torch path computes, bit for bit, and are refused
+where the compiler would contract operations into fused multiply-adds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from cascade.codec.exact import fused, tables
+from cascade.codec.exact.model import _ACT8, QuantLinear, rint_, rms_norm, silu
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, MAX_POSITIONS, random_weights, record
+
+EXPECTED = json.loads(DIGESTS.read_text())
+CPU = torch.device("cpu")
+needs_fused = pytest.mark.skipif(not fused.usable(CPU), reason="the fused kernels do not run on this host")
+
+
+def reference_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``QuantLinear``'s activation grid, as the torch path computes it."""
+    amax = x.abs().amax(dim=1, keepdim=True)
+    step = torch.where(amax > 0, amax, torch.ones_like(amax)) / torch.tensor(_ACT8, dtype=torch.float64)
+    return rint_(x / step), step[:, 0]
+
+
+def rows_of(draw: st.DrawFn, rows: int, width: int, seed: int) -> torch.Tensor:
+    """Random rows at magnitudes from 1e-3 to 1e3, some all zero, some with one outlier."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=g, dtype=torch.float64)
+    x *= torch.tensor(10.0, dtype=torch.float64) ** torch.randint(-3, 4, (rows, 1), generator=g)
+    if draw(st.booleans()):
+        x[0] = 0.0
+    if rows > 1 and draw(st.booleans()):
+        x[1, draw(st.integers(0, width - 1))] = 1e4
+    return x
+
+
+@st.composite
+def linear_case(draw: st.DrawFn) -> tuple[torch.Tensor, QuantLinear, bool]:
+    rows, width, out = draw(st.integers(1, 40)), draw(st.integers(2, 96)), draw(st.integers(1, 80))
+    seed = draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed + 1)
+    bias = torch.randn(out, generator=g) if draw(st.booleans()) else None
+    linear = QuantLinear(torch.randn(out, width, generator=g), bias, _ACT8, CPU)
+    return rows_of(draw, rows, width, seed), linear, draw(st.booleans())
+
+
+def exact_product(m: torch.Tensor, linear: QuantLinear, as_int32: bool) -> torch.Tensor:
+    acc = m.to(torch.float64) @ linear.weight.to(torch.float64)  # integers far below 2**53: exact
+    return acc.to(torch.int32) if as_int32 else acc
+
+
+@needs_fused
+@settings(max_examples=60, deadline=None)
+@given(linear_case())
+def test_norm_quantize_and_residual_equal_the_torch_rmsnorm_and_linear_layer(
+        case: tuple[torch.Tensor, QuantLinear, bool]) -> None:
+    x, linear, as_int32 = case
+    gain = 1 + torch.linspace(-0.5, 0.5, x.shape[1], dtype=torch.float64)
+    m, steps = fused.norm_quantize(x, gain, 1e-6)
+    expected_m, expected_steps = reference_quantize(rms_norm(x, gain, 1e-6))
+    assert torch.equal(m.to(torch.float64), expected_m) and torch.equal(steps, expected_steps)
+    acc = exact_product(m, linear, as_int32)
+    residual = torch.randn(x.shape[0], linear.out_features, dtype=torch.float64)
+    out, squares = fused.residual(residual, acc, steps, linear.scale, linear.bias, 1e-6)
+    assert torch.equal(out, residual + linear(rms_norm(x, gain, 1e-6)))
+    m2, steps2 = fused.norm_quantize(out, torch.ones(out.shape[1], dtype=torch.float64), 1e-6, squares)
+    expected_m2, expected_steps2 = reference_quantize(rms_norm(out, torch.ones(out.shape[1], dtype=torch.float64), 1e-6))
+    assert torch.equal(m2.to(torch.float64), expected_m2) and torch.equal(steps2, expected_steps2)
+
+
+@needs_fused
+def test_the_fused_rmsnorm_takes_torchs_square_root_which_exact_llama_1_is_defined_by() -> None:
+    """torch's CPU sqrt is not always the correctly rounded root (~1 % of inputs); 4,096 rows make a
+    kernel that took its own root differ in some step (the steps are sensitive to one ulp)."""
+    x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    gain = torch.ones(64, dtype=torch.float64)
+    _, steps = fused.norm_quantize(x, gain, 1e-5)
+    assert torch.equal(steps, reference_quantize(rms_norm(x, gain, 1e-5))[1])
+
+
+@needs_fused
+@settings(max_examples=40, deadline=None)
+@given(linear_case())
+def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor, QuantLinear, bool]) -> None:
+    x, linear, as_int32 = case
+    if linear.out_features % 2:
+        return
+    m, steps = fused.quantize(x)
+    assert torch.equal(m.to(torch.float64), reference_quantize(x)[0])
+    acc = exact_product(m, linear, as_int32)
+    table = torch.from_numpy(tables.sigmoid_table())
+    gate_up = linear(x)
+    half = linear.out_features // 2
+    expected_m, expected_steps = reference_quantize(silu(gate_up[:, :half], table) * gate_up[:, half:])
+    got_m, got_steps = fused.silu_quantize(acc, steps, linear.scale, linear.bias, table)
+    assert torch.equal(got_m.to(torch.float64), expected_m) and torch.equal(got_steps, expected_steps)
+
+
+@needs_fused
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -> None:
+    from tests.unit.codec.numerics_matrix import load
+
+    model = load(name, kernels="reference")
+    c = model.config
+    layer = model.layers[0]
+    g = torch.Generator().manual_seed(9)
+    rows, span = 5, 40
+    x = torch.randn(rows, c.hidden_size, generator=g, dtype=torch.float64)
+    positions = torch.tensor([0, 3, 39, 17, 39])
+    q, k, v = model._qkv(layer, x, positions)
+    m, steps = fused.norm_quantize(x, layer["attn_norm"], c.rms_norm_eps)
+    qkv = layer["qkv"]
+    got = fused.qkv(exact_product(m, qkv, True), steps, qkv.scale, qkv.bias, positions, model.cos, model.sin,
+                    c.num_heads, c.num_kv_heads, c.head_dim, model.qk_limit, model.v_limit)
+    assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v), strict=True))
+    group = c.num_heads // c.num_kv_heads
+    cache = model.allocate_cache(rows, span + 8)
+    for li in range(len(cache.keys)):
+        cache.keys[li].random_(-3000, 3000, generator=g)
+        cache.values[li].random_(-3000, 3000, generator=g)
+    expected_cache = [t.clone() for t in cache.keys[:1] + cache.values[:1]]
+    expected_cache[0][torch.arange(rows), :, positions] = k.to(torch.int32)
+    expected_cache[1][torch.arange(rows), :, positions] = v.to(torch.int32)
+    fused.store(k, v, positions, cache.keys[0], cache.values[0])
+    assert torch.equal(cache.keys[0], expected_cache[0]) and torch.equal(cache.values[0], expected_cache[1])
+    invalid = (torch.arange(span)[None, :] > positions[:, None])[:, None, None, :]
+    q4 = q.view(rows, c.num_kv_heads, group, c.head_dim)
+    keys = cache.keys[0][:, :, :span].to(torch.float64)
+    values = cache.values[0][:, :, :span].to(torch.float64)
+    expected = model._attend(q4, keys, values, invalid)
+    p, sums = fused.weights(q4 @ keys.transpose(-1, -2), positions, model.score_to_grid, model.att_exp)
+    got_m, got_steps = fused.normalise_quantize(p @ values, sums, 1024.0)
+    expected_m, expected_steps = reference_quantize(expected.reshape(rows, -1))
+    assert torch.equal(got_m.to(torch.float64), expected_m) and torch.equal(got_steps, expected_steps)
+
+
+@needs_fused
+def test_the_compiled_kernels_hold_no_fused_multiply_add() -> None:
+    assert fused._fused_instructions() == []
+
+
+@needs_fused
+def test_a_host_whose_compiler_contracts_operations_keeps_torchs_operations_with_the_same_integers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cascade.codec.exact.model import ExactConfig, ExactLlama
+
+    fused.usable.cache_clear()
+    monkeypatch.setattr(fused, "_fused_instructions", lambda: ["_residual: vfmadd231sd"])
+    try:
+        config = CONFIGS["llama-mha"]
+        model = ExactLlama(ExactConfig.from_hf(config), random_weights(config), MAX_POSITIONS)
+        assert "fused elementwise kernels off" in model.kernel_summary()
+        assert record(model) == EXPECTED["llama-mha"]
+    finally:
+        fused.usable.cache_clear()
