@@ -70,12 +70,13 @@ class Settings(BaseSettings):
     )
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Where the exact codec computes (auto: the engines' device). Every device gives the "
-        "same integers, so containers cross between CPU and GPU services.")
+        "auto", description="Where the exact codec computes (auto: the engines' device). A device must compute the "
+        "CPU's integers: the start-up known answer checks it and leaves the codec off with the reason if not.")
     codec_kernels: Literal["fast", "reference"] = Field(
         "fast", description="Kernels of the exact codec: fast = the host's int8 GEMM where a load-time probe proves "
-        "it exact, and decode attention reading the integer KV cache directly (CPU); reference = float32 GEMMs and "
-        "float64 bmm (the first release's). Both compute the same integers.")
+        "it exact, decode attention reading the integer KV cache directly and the elementwise chains compiled into "
+        "one loop each (CPU); reference = float32 GEMMs, float64 bmm and torch ops (the first release's). Both "
+        "compute the same integers.")
     codec_segments_in_flight: int = Field(8, ge=1, description="Segments of one request coded concurrently.")
     codec_top_k: int = Field(1024, ge=1, le=1024, description="Default top-k of the codec distribution.")
     codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")

@@ -29,7 +29,7 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
     elif cache_products.usable(model.device, model.cache_dtype):
         assert audit.calls["cache_products.scores"] > 0 and audit.calls["cache_products.weighted"] > 0
         if fused.usable(model.device):
-            assert all(audit.calls.get(name, 0) > 0 for name in KERNELS if name.startswith("fused."))
+            assert all(audit.calls.get(name, 0) > 0 for name in KERNELS if name.startswith(("fused.", "frequencies.")))
 
 
 def test_the_audit_catches_a_python_number_divisor_an_unreviewed_op_and_a_long_float32_sum() -> None:

@@ -67,8 +67,9 @@ def test_norm_quantize_and_residual_equal_the_torch_rmsnorm_and_linear_layer(
     residual = torch.randn(x.shape[0], linear.out_features, dtype=torch.float64)
     out, squares = fused.residual(residual, acc, steps, linear.scale, linear.bias, 1e-6)
     assert torch.equal(out, residual + linear(rms_norm(x, gain, 1e-6)))
-    m2, steps2 = fused.norm_quantize(out, torch.ones(out.shape[1], dtype=torch.float64), 1e-6, squares)
-    expected_m2, expected_steps2 = reference_quantize(rms_norm(out, torch.ones(out.shape[1], dtype=torch.float64), 1e-6))
+    ones = torch.ones(out.shape[1], dtype=torch.float64)
+    m2, steps2 = fused.norm_quantize(out, ones, 1e-6, squares)
+    expected_m2, expected_steps2 = reference_quantize(rms_norm(out, ones, 1e-6))
     assert torch.equal(m2.to(torch.float64), expected_m2) and torch.equal(steps2, expected_steps2)
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from cascade.codec.exact import frequencies
 from cascade.codec.exact.frequencies import frequency_tables, rank_to_token, token_intervals
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,3 +87,39 @@ def test_impossible_parameters_are_refused() -> None:
         frequency_tables(torch.zeros(1, 10, dtype=torch.int64), 10, 16)
     with pytest.raises(ValueError, match="do not fit"):
         frequency_tables(torch.zeros(1, 1 << 17, dtype=torch.int64), 1 << 16, 16)
+
+
+WIDE = st.lists(st.one_of(st.integers(-(40 << 16), 40 << 16), st.integers(-(1 << 40), 1 << 40),
+                          st.sampled_from([0, 7, -(1 << 37), 1 << 37])), min_size=3, max_size=300)
+
+
+@pytest.mark.skipif(not frequencies.COMPILED, reason="numba is not installed")
+@settings(max_examples=200, deadline=None)
+@given(st.lists(WIDE, min_size=1, max_size=6), st.integers(1, 299), st.sampled_from([16, 24, 32]))
+def test_the_compiled_tables_equal_torchs_integers(rows: list[list[int]], k: int, precision: int) -> None:
+    """The compiled loop (histogram selection, then a sort) and torch's topk path give the same ids and
+    CDFs — ties, clamped logits, equal rows and k close to the vocabulary included."""
+    width = min(len(r) for r in rows)
+    logits = torch.tensor([r[:width] for r in rows])
+    k = min(k, width - 1, (1 << precision) - 2)
+    compiled = frequency_tables(logits, k, precision)
+    frequencies.COMPILED = False
+    try:
+        expected = frequency_tables(logits, k, precision)
+    finally:
+        frequencies.COMPILED = True
+    assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])
+
+
+@pytest.mark.skipif(not frequencies.COMPILED, reason="numba is not installed")
+def test_the_compiled_tables_handle_a_flat_row_and_a_real_vocabulary() -> None:
+    flat = torch.zeros(2, 49152, dtype=torch.int64)
+    spread = (torch.randn(3, 49152, generator=torch.Generator().manual_seed(2)) * 5 * 65536).to(torch.int64)
+    for logits in (flat, spread):
+        compiled = frequency_tables(logits, 1024, 32)
+        frequencies.COMPILED = False
+        try:
+            expected = frequency_tables(logits, 1024, 32)
+        finally:
+            frequencies.COMPILED = True
+        assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])

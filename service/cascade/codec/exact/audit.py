@@ -156,6 +156,8 @@ KERNELS: dict[str, Allowed] = {
                                      "any order, vectorised or fused"),
     "cache_products.weighted": Allowed(frozenset({F64, I32}), "p·v of integer weights ≤ 2**16 and the int32 value "
                                        "cache (numba): integer sums below 2**53, exact in any order"),
+    "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
+                                           "per row (numba): int64 arithmetic within its bounds, nothing rounds"),
     **{f"fused.{name}": Allowed(dtypes, "the torch path's elementwise operations in its order, compiled without "
                                         f"fast-math (machine code checked for FMA at load): {why}")
        for name, dtypes, why in (

@@ -14,18 +14,23 @@ Per row (the full derivation is in docs/codec-format.md, "Frequency table, versi
    table sums to exactly 2**P.
 
 All of it is int64 arithmetic whose values provably fit (bounds in the comments), so it is the same
-on every machine and device.
+on every machine and device. On the CPU it runs as one compiled loop per row (``_compiled_tables``,
+numba) — integers only, so nothing can round differently; the top-k keys are selected from the ids
+whose ``(top − z) >> 12`` bucket reaches the k-th largest (a histogram pass), then sorted: the same
+keys ``torch.topk`` returns, since the keys are unique and the buckets follow the logits' order.
 """
 
 from __future__ import annotations
 
 import functools
 from decimal import Decimal, localcontext
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from cascade.codec.exact import cache_products
 from cascade.codec.exact.tables import exact_context
 
 Q_BITS = 16
@@ -33,6 +38,70 @@ D_MAX = 32 << Q_BITS
 WEIGHT_BITS = 31
 _LO_BITS = 11
 _COARSE_SHIFT = 6
+_Z_LIMIT = 1 << 36
+_BUCKET_SHIFT = 12
+
+try:
+    import numba
+    from numba import prange
+
+    @numba.njit(parallel=True, nogil=True, cache=False)
+    def _compiled_tables(logits: Any, bits: int, hi: Any, lo: Any, coarse: Any, precision_bits: int, ids: Any,
+                         cdf: Any) -> None:  # pragma: no cover - compiled
+        rows, vocab = logits.shape
+        k = ids.shape[1]
+        spare = (1 << precision_bits) - (k + 1)
+        for r in prange(rows):
+            top = -_Z_LIMIT
+            for j in range(vocab):
+                top = max(top, min(max(logits[r, j], -_Z_LIMIT), _Z_LIMIT))
+            escape = 0
+            counts = np.zeros((D_MAX >> _BUCKET_SHIFT) + 1, dtype=np.int64)
+            for j in range(vocab):
+                d = min(top - min(max(logits[r, j], -_Z_LIMIT), _Z_LIMIT), D_MAX)
+                escape += coarse[d >> _COARSE_SHIFT]
+                counts[d >> _BUCKET_SHIFT] += 1
+            last, seen = 0, counts[0]
+            while seen < k:
+                last += 1
+                seen += counts[last]
+            keys = np.empty(seen, dtype=np.int64)
+            n = 0
+            for j in range(vocab):
+                z = min(max(logits[r, j], -_Z_LIMIT), _Z_LIMIT)
+                if min(top - z, D_MAX) >> _BUCKET_SHIFT <= last:
+                    keys[n] = z * (1 << bits) + (vocab - 1 - j)
+                    n += 1
+            keys.sort()
+            weights = np.empty(k + 1, dtype=np.int64)
+            total = 0
+            for i in range(k):
+                key = keys[seen - 1 - i]
+                ids[r, i] = (vocab - 1) - (key & ((1 << bits) - 1))
+                d = min(top - (key >> bits), D_MAX)
+                weights[i] = (hi[d >> _LO_BITS] * lo[d & ((1 << _LO_BITS) - 1)] + (1 << (WEIGHT_BITS - 1))
+                              ) >> WEIGHT_BITS
+                escape -= coarse[d >> _COARSE_SHIFT]
+                total += weights[i]
+            weights[k] = escape
+            total += escape
+            length = 0
+            while total >> length:
+                length += 1
+            shift = max(0, length - WEIGHT_BITS)
+            u_total = 0
+            for i in range(k + 1):
+                weights[i] >>= shift
+                u_total += weights[i]
+            running = 0
+            cdf[r, 0] = 0
+            for i in range(k + 1):
+                running += weights[i]
+                cdf[r, i + 1] = (i + 1) + (running * spare) // u_total
+
+    COMPILED = True
+except ImportError:  # pragma: no cover - numba is a pinned dependency; the torch path gives the same integers
+    COMPILED = False
 
 
 def _exp_entries(step_units: int, count: int) -> list[int]:
@@ -77,7 +146,15 @@ def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> t
     device = logits.device
     hi, lo, coarse = _tables(str(device))
     bits = id_bits(vocab)
-    z = logits.clamp(-(1 << 36), 1 << 36)
+    if COMPILED and device.type == "cpu" and logits.dtype == torch.int64:
+        ids = torch.empty(n_rows, top_k, dtype=torch.int64)
+        cdf = torch.empty(n_rows, top_k + 2, dtype=torch.int64)
+        for observe in cache_products.observers:
+            observe("frequencies.compiled_tables", (logits, hi, lo, coarse))
+        cache_products.launch(_compiled_tables, logits.contiguous().numpy(), bits, hi.numpy(), lo.numpy(),
+                              coarse.numpy(), precision_bits, ids.numpy(), cdf.numpy())
+        return ids, cdf
+    z = logits.clamp(-_Z_LIMIT, _Z_LIMIT)
     top_z = z.amax(dim=1, keepdim=True)
     key = z * (1 << bits) + torch.arange(vocab - 1, -1, -1, dtype=torch.int64, device=device)  # |key| < 2**57
     top = torch.topk(key, top_k, dim=1, sorted=True).values

@@ -16,9 +16,11 @@ Why it is exact (the argument the codec's portability rests on):
     table-driven integer attention weights (≤ 2**16), both products in float64 with bounds
     checked at load time for the longest context;
   * RMSNorm's sum of squares: of the row re-scaled to int16 integers.
-- **Every other operation is elementwise**: a single IEEE-754 binary64 ``+ − × ÷ √`` (correctly
-  rounded by the standard on every conforming CPU and GPU, each its own kernel so nothing is fused
-  into an FMA), ``round``/``floor``, ``max``/``abs``, or an integer-indexed table lookup.
+- **Every other operation is elementwise**: a single IEEE-754 binary64 ``+ − × ÷`` (correctly
+  rounded by the standard on every conforming CPU and GPU, never fused into an FMA), RMSNorm's
+  square root (torch's CPU ``sqrt``, which ``exact-llama-1`` is defined by: MKL's, within an ulp of
+  the correctly rounded root — docs/architecture.md, "The square root"), ``round``/``floor``,
+  ``max``/``abs``, or an integer-indexed table lookup.
 - **No transcendental function runs**: exp (softmax), sigmoid (SiLU) and RoPE's cos/sin come from
   ``tables``, built with ``decimal``/integer arithmetic.
 
@@ -28,7 +30,9 @@ bit-identical logits in prefill and in decode steps, alone or among other rows, 
 Storage is integer-native: linear weights int8, the embedding in the checkpoint's dtype (its rows
 become float64 exactly), the KV cache int32. Linear layers run on the host's int8 GEMM where a
 load-time probe shows it sums exactly (``int8_gemm``), else as the float32 pieces above; decode
-attention reads the int32 cache directly (``cache_products``) — the same sums either way. Every
+attention reads the int32 cache directly (``cache_products``) — the same sums either way — and on
+the CPU the elementwise chains between the GEMMs run as compiled loops of the same operations in
+the same order (``fused``). Every
 aten op the decision path runs is on the reviewed allow-list in ``audit`` (CI fails otherwise), and
 ``known_answer`` digests the pre-rounding intermediates to catch arithmetic drift at start-up.
 """
@@ -401,11 +405,13 @@ class KVCache:
 class ExactLlama:
     """The exact forward pass: ``prefill`` (whole sequences) and ``step`` (one token per cached row).
 
-    ``device``: where every tensor of the decision path lives (``cpu`` or ``cuda``); the integers
-    are the same on each (the op audit, ``exact.audit``, lists every operation and why).
+    ``device``: where every tensor of the decision path lives (``cpu`` or ``cuda``); every operation
+    but the square root is the same on each (the op audit, ``exact.audit``, lists them and why), and
+    the drift known answer refuses a device whose square root differs from the CPU's.
     ``kernels``: ``fast`` uses the host's int8 GEMM for every linear layer whose shape it sums
     exactly (``exact.int8_gemm``, probed at load) and reads the int32 KV cache directly in decode
-    steps (``exact.cache_products``, CPU); ``reference`` runs float32 GEMMs and float64 ``bmm`` on a
+    steps (``exact.cache_products``, CPU) and runs the elementwise chains as compiled loops
+    (``exact.fused``, CPU); ``reference`` runs float32 GEMMs and float64 ``bmm`` on a
     converted cache (the first release's kernels). Both give the same integers (tested)."""
 
     def __init__(self, config: ExactConfig, weights: dict[str, torch.Tensor], max_positions: int,
