@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 from cascade.codec.exact import fused, tables
-from cascade.codec.exact.model import _ACT8, QuantLinear, rint_, rms_norm, silu
+from cascade.codec.exact.model import _ACT8, _RINT_LIMIT, QuantLinear, rint_, rms_norm, silu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, MAX_POSITIONS, random_weights, record
+from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, MAX_POSITIONS, load, random_weights, record
 
 EXPECTED = json.loads(DIGESTS.read_text())
 CPU = torch.device("cpu")
@@ -104,8 +104,6 @@ def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor,
 @needs_fused
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -> None:
-    from tests.unit.codec.numerics_matrix import load
-
     model = load(name, kernels="reference")
     c = model.config
     layer = model.layers[0]
@@ -159,3 +157,15 @@ def test_a_host_whose_compiler_contracts_operations_keeps_torchs_operations_with
         assert record(model) == EXPECTED["llama-mha"]
     finally:
         fused.usable.cache_clear()
+
+
+@needs_fused
+@pytest.mark.parametrize("name", ["pycoder-23m", *CONFIGS])
+def test_the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> None:
+    model = load(name)
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(37, model.config.hidden_size, generator=g, dtype=torch.float64)
+    hidden *= torch.tensor(10.0, dtype=torch.float64) ** torch.randint(-2, 3, (37, 1), generator=g)
+    hidden[0] = 0.0
+    expected = rint_(model.logits_before_rounding(hidden).clamp_(-_RINT_LIMIT, _RINT_LIMIT)).to(torch.int64)
+    assert torch.equal(model.logits(hidden), expected)

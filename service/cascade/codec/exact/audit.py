@@ -173,6 +173,10 @@ KERNELS: dict[str, Allowed] = {
            ("weights", frozenset({F64, I64}), "masking, max, (top − s)·scale, rint, exp-table lookup, exact "
                                               "integer sum"),
            ("normalise_quantize", frozenset({F64}), "p·v ÷ (Σp · 2**10), then the ±127 grid"),
+           ("norm_digits", frozenset({F64}), "x ÷ root × gain, the ±32,767 grid and its three int8 digits "
+                                             "(products by 2**-7, rint)"),
+           ("integer_logits", frozenset({F64, I32}), "(a·128 + b)·128 + c of the digit products (exact integers), "
+                                                     "× (step·scale), rint"),
        )},
 }
 """The project's own compiled kernels (dispatch never sees them; each reports its call to ``observers``)."""

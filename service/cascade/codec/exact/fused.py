@@ -187,6 +187,35 @@ try:
                         z[r, (h * group + g) * dim + d] = weighted[r, h, g, d] / denominator
             steps[r] = _quantize_row(z[r], 127.0, m[r])
 
+    @numba.njit(**_STRICT)
+    def _norm_digits(x: Any, roots: Any, gain: Any, z: Any, digits: Any, steps: Any) -> None:  # pragma: no cover
+        rows, n = x.shape
+        for r in prange(rows):
+            amax = 0.0
+            for j in range(n):
+                z[r, j] = x[r, j] / roots[r] * gain[j]
+                a = abs(z[r, j])
+                if a > amax:
+                    amax = a
+            step = (amax if amax > 0.0 else 1.0) / 32767.0
+            steps[r] = step
+            for j in range(n):
+                m = (z[r, j] / step + _MAGIC) - _MAGIC
+                t = (m * 0.0078125 + _MAGIC) - _MAGIC
+                top = (t * 0.0078125 + _MAGIC) - _MAGIC
+                digits[r, j] = np.int8(top)
+                digits[rows + r, j] = np.int8(t - top * 128.0)
+                digits[2 * rows + r, j] = np.int8(m - t * 128.0)
+
+    @numba.njit(**_STRICT)
+    def _integer_logits(acc: Any, steps: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
+        rows, vocab = out.shape
+        for r in prange(rows):
+            step = steps[r]
+            for j in range(vocab):
+                total = (float(acc[r, j]) * 128.0 + acc[rows + r, j]) * 128.0 + acc[2 * rows + r, j]
+                out[r, j] = np.int64(_rint(total * (step * scale[j])))
+
     AVAILABLE = True
 except ImportError:  # pragma: no cover - numba is a pinned dependency; the torch path stays correct
     AVAILABLE = False
@@ -303,11 +332,34 @@ def normalise_quantize(weighted: torch.Tensor, sums: torch.Tensor, unit: float) 
     return m, steps
 
 
+def norm_digits(x: torch.Tensor, gain: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output layer's input: RMSNorm, the ±32,767 grid, and its three int8 digits ``a·2**14 + b·2**7 + c``
+    stacked as ``(3·rows, n)`` (``QuantLinear._int8_product``'s operand), and the per-row steps."""
+    rows, n = x.shape
+    squares = torch.empty(rows, dtype=torch.float64)
+    _report("fused.mean_squares", x)
+    cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
+    roots = torch.sqrt(squares)
+    digits = torch.empty(3 * rows, n, dtype=torch.int8)
+    steps = torch.empty(rows, dtype=torch.float64)
+    _report("fused.norm_digits", x, roots, gain)
+    cache_products.launch(_norm_digits, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(digits), _np(steps))
+    return digits, steps
+
+
+def integer_logits(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Integer logits (int64) from the output layer's three digit products (int32, ``(3·rows, vocab)``)."""
+    out = torch.empty(acc.shape[0] // 3, acc.shape[1], dtype=torch.int64)
+    _report("fused.integer_logits", acc, steps, scale)
+    cache_products.launch(_integer_logits, _np(acc), _np(steps), _np(scale), _np(out))
+    return out
+
+
 def _fused_instructions() -> list[str]:
     """FMA-like instructions in the machine code of every strict kernel (must be none)."""
     found = []
     for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv, _store, _weights,
-                   _normalise_quantize):
+                   _normalise_quantize, _norm_digits, _integer_logits):
         for signature, asm in kernel.inspect_asm().items():
             found += [f"{kernel.__name__}{signature}: {m.group(0)}" for m in _FMA.finditer(asm)]
     return found
@@ -349,6 +401,8 @@ def _warm_up() -> None:
     for dtype in (torch.int32, torch.int64):
         cache = torch.zeros(2, 1, 3, 4, dtype=dtype)
         store(k, k, torch.zeros(2, dtype=torch.int64), cache, cache.clone())
+    digits, steps = norm_digits(x, gain, 1e-6)
+    integer_logits(digits.to(torch.int32), steps, scale)
     _, sums = weights(torch.zeros(2, 1, 2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1.0,
                       torch.ones(5, dtype=torch.float64))
     normalise_quantize(torch.zeros(2, 1, 2, 4, dtype=torch.float64), sums, 1024.0)

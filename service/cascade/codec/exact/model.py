@@ -735,6 +735,11 @@ class ExactLlama:
         """The float64 logits in units of 2**-16 just before ``rint`` (what the drift check digests)."""
         return self.lm_head(rms_norm(hidden, self.final_norm, self.config.rms_norm_eps))
 
+    @_exact_pass
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Integer logits in units of 2**-16 (int64), from final hidden states."""
+        head = self.lm_head
+        if self._fused and head.int8_gemm:
+            digits, steps = fused.norm_digits(hidden, self.final_norm, self.config.rms_norm_eps)
+            return fused.integer_logits(int8_matmul(digits, head.weight), steps, head.scale)
         return rint_(self.logits_before_rounding(hidden).clamp_(-_RINT_LIMIT, _RINT_LIMIT)).to(torch.int64)
