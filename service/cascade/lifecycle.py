@@ -154,27 +154,38 @@ class Gateway:
 
     async def _start_codec(self) -> None:
         """Load the exact model next to the engines (no vLLM engine of its own), then self-test it."""
-        from cascade.codec.exact.device import resolve_codec_device
+        import torch
+
+        from cascade.codec.exact.device import load_where_integers_agree, resolve_codec_device
         from cascade.codec.exact.known_answer import check_known_answer, reference_path
         from cascade.codec.exact.model import NUMERICS_VERSION, ExactLlama
         from cascade.codec.exact.runner import ExactRunner, single_threaded
 
         s = self.settings
+        known_answer = reference_path(self.engines.fingerprint)
+
+        def load(device: torch.device) -> ExactLlama:
+            return single_threaded(ExactLlama.from_pretrained, s.model, s.max_model_len, device, s.codec_kernels)
+
+        def check(model: ExactLlama) -> None:
+            single_threaded(check_known_answer, model, known_answer)
+
         try:
             device = resolve_codec_device(s.codec_device)
-            model = await asyncio.to_thread(single_threaded, ExactLlama.from_pretrained, s.model, s.max_model_len,
-                                            device, s.codec_kernels)
+            model, moved = await asyncio.to_thread(load_where_integers_agree, s.codec_device, device, load,
+                                                   check if s.codec_selftest and known_answer.exists() else None)
         except (OSError, ValueError, KeyError) as exc:
             self.codec_status.set(CodecState.UNSUPPORTED,
                                   f"codec disabled: the exact codec cannot run this model ({exc})")
             return
+        if moved:
+            logger.warning(moved)
         logger.info("exact codec model loaded", extra={"kernels": model.kernel_summary(), "bytes": model.nbytes()})
         runner = ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens,
                              s.codec_threads or None, kv_budget_bytes=s.codec_kv_budget_mib << 20)
         self.codec.attach(runner, NUMERICS_VERSION, self.engines.tokenizer, self.engines.fingerprint)
         if s.codec_selftest:
             self.codec_status.set(CodecState.SELF_TEST, "the codec's startup self-test is running")
-            known_answer = reference_path(self.engines.fingerprint)
             try:
                 if known_answer.exists():
                     await asyncio.to_thread(single_threaded, check_known_answer, model, known_answer)

@@ -70,8 +70,9 @@ class Settings(BaseSettings):
     )
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Where the exact codec computes (auto: the engines' device). A device must compute the "
-        "CPU's integers: the start-up known answer checks it and leaves the codec off with the reason if not.")
+        "auto", description="Where the exact codec computes. auto: the engines' device if it passes the codec's "
+        "start-up known answer (computes the CPU's integers), else the CPU; cuda: the GPU, and the codec is off "
+        "with the reason if it fails the check.")
     codec_kernels: Literal["fast", "reference"] = Field(
         "fast", description="Kernels of the exact codec: fast = the host's int8 GEMM where a load-time probe proves "
         "it exact, decode attention reading the integer KV cache directly and the elementwise chains compiled into "

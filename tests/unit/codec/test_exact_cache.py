@@ -89,3 +89,28 @@ def test_codec_device_auto_follows_the_engines_and_cuda_is_refused_without_a_gpu
         assert resolve_codec_device("auto") == torch.device("cpu")
         with pytest.raises(ValueError, match="no CUDA device"):
             resolve_codec_device("cuda")
+
+
+def test_auto_moves_the_codec_to_the_cpu_where_the_device_fails_the_known_answer() -> None:
+    """Under ``auto`` a GPU that computes other integers (its square root is correctly rounded, the
+    numerics' is torch's CPU one) must not leave the codec off: it computes on the CPU instead; an
+    explicit ``cuda`` is kept, for the self-test to report."""
+    from cascade.codec.exact.device import load_where_integers_agree
+    from cascade.codec.exact.known_answer import KnownAnswerError
+
+    loaded: list[str] = []
+
+    def load(device: torch.device) -> str:
+        loaded.append(device.type)
+        return device.type
+
+    def check(model: str) -> None:
+        if model == "cuda":
+            raise KnownAnswerError("made under different numerics: the exact model's layer0 differs")
+
+    cuda = torch.device("cuda")
+    model, moved = load_where_integers_agree("auto", cuda, load, check)
+    assert model == "cpu" and loaded == ["cuda", "cpu"] and moved is not None and "layer0" in moved
+    assert load_where_integers_agree("cuda", cuda, load, check) == ("cuda", None)
+    assert load_where_integers_agree("auto", torch.device("cpu"), load, check) == ("cpu", None)
+    assert load_where_integers_agree("auto", cuda, load, lambda model: None) == ("cuda", None)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
+
+from cascade.codec.exact.known_answer import KnownAnswerError
+
+M = TypeVar("M")
 
 
 def resolve_codec_device(setting: str, engine_device: str | None = None) -> torch.device:
@@ -19,3 +26,20 @@ def resolve_codec_device(setting: str, engine_device: str | None = None) -> torc
     if setting not in ("cpu", "cuda"):
         raise ValueError(f"codec_device must be auto, cpu or cuda, not {setting!r}")
     return torch.device(setting)
+
+
+def load_where_integers_agree(setting: str, device: torch.device, load: Callable[[torch.device], M],
+                             check: Callable[[M], None] | None) -> tuple[M, str | None]:
+    """Load the exact model on ``device`` (what ``setting`` resolved to). Under ``auto`` a device other
+    than the CPU must first pass the drift known answer (``check``): one that computes other integers
+    — CUDA's correctly rounded square root against ``exact-llama-1``'s, docs/architecture.md —
+    gives way to the CPU, and the reason comes back for the log. An explicit ``cuda`` is kept (the
+    self-test then reports the failure)."""
+    model = load(device)
+    if setting != "auto" or device.type == "cpu" or check is None:
+        return model, None
+    try:
+        check(model)
+    except KnownAnswerError as exc:
+        return load(torch.device("cpu")), f"the known answer fails on {device} ({exc}): the codec computes on the CPU"
+    return model, None
