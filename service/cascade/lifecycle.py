@@ -154,26 +154,17 @@ class Gateway:
 
     async def _start_codec(self) -> None:
         """Load the exact model next to the engines (no vLLM engine of its own), then self-test it."""
-        import torch
-
-        from cascade.codec.exact.device import load_where_integers_agree, resolve_codec_device
+        from cascade.codec.exact.device import load_codec_model
         from cascade.codec.exact.known_answer import check_known_answer, reference_path
-        from cascade.codec.exact.model import NUMERICS_VERSION, ExactLlama
+        from cascade.codec.exact.model import NUMERICS_VERSION
         from cascade.codec.exact.runner import ExactRunner, single_threaded
 
         s = self.settings
         known_answer = reference_path(self.engines.fingerprint)
-
-        def load(device: torch.device) -> ExactLlama:
-            return single_threaded(ExactLlama.from_pretrained, s.model, s.max_model_len, device, s.codec_kernels)
-
-        def check(model: ExactLlama) -> None:
-            single_threaded(check_known_answer, model, known_answer)
-
         try:
-            device = resolve_codec_device(s.codec_device)
-            model, moved = await asyncio.to_thread(load_where_integers_agree, s.codec_device, device, load,
-                                                   check if s.codec_selftest and known_answer.exists() else None)
+            model, moved = await asyncio.to_thread(
+                load_codec_model, s.codec_device, s.model, s.max_model_len, s.codec_kernels,
+                known_answer if s.codec_selftest and known_answer.exists() else None)
         except (OSError, ValueError, KeyError) as exc:
             self.codec_status.set(CodecState.UNSUPPORTED,
                                   f"codec disabled: the exact codec cannot run this model ({exc})")

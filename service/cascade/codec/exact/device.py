@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import torch
 
-from cascade.codec.exact.known_answer import KnownAnswerError
+from cascade.codec.exact.known_answer import KnownAnswerError, check_known_answer
+from cascade.codec.exact.model import ExactLlama
+from cascade.codec.exact.runner import single_threaded
 
 M = TypeVar("M")
 
@@ -43,3 +46,18 @@ def load_where_integers_agree(setting: str, device: torch.device, load: Callable
     except KnownAnswerError as exc:
         return load(torch.device("cpu")), f"the known answer fails on {device} ({exc}): the codec computes on the CPU"
     return model, None
+
+
+def load_codec_model(setting: str, path: str | Path, max_positions: int, kernels: str, known_answer: Path | None
+                     ) -> tuple[ExactLlama, str | None]:
+    """The service's exact model: on the device ``setting`` names (``load_where_integers_agree``, with
+    the drift ``known_answer`` when there is one), loaded with one torch thread (``single_threaded``)."""
+    def load(device: torch.device) -> ExactLlama:
+        return single_threaded(ExactLlama.from_pretrained, path, max_positions, device, kernels)
+
+    def check(model: ExactLlama) -> None:
+        assert known_answer is not None
+        single_threaded(check_known_answer, model, known_answer)
+
+    return load_where_integers_agree(setting, resolve_codec_device(setting), load,
+                                     check if known_answer is not None else None)

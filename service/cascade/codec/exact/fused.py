@@ -366,13 +366,15 @@ def _fused_instructions() -> list[str]:
 
 
 @functools.cache
-def usable(device: torch.device) -> bool:
+def usable(device: torch.device, float_products: bool = False) -> bool:
     """Whether the fused kernels serve a model on ``device``: numba present, the CPU, and kernels that
-    compile here without fused multiply-adds (compiled and inspected once, at model load)."""
+    compile here without fused multiply-adds (compiled and inspected once, at model load).
+    ``float_products``: the model has linear layers on the float32 path (their GEMM outputs are
+    float64, a second compiled variant of three kernels)."""
     if not AVAILABLE or device.type != "cpu" or not cache_products.usable(device, torch.int32):
         return False
     try:
-        _warm_up()
+        _warm_up(float_products)
         found = _fused_instructions()
     except Exception as exc:  # numba's errors are many types; any of them means "not here"
         logger.warning("fused exact kernels unavailable (%s: %s): torch's operations are used",
@@ -384,23 +386,22 @@ def usable(device: torch.device) -> bool:
     return True
 
 
-def _warm_up() -> None:
-    """Compile every kernel for the argument types the model passes (int32 and float64 GEMM outputs)."""
+def _warm_up(float_products: bool) -> None:
+    """Compile every kernel for the argument types the model passes (int32 GEMM outputs, and float64
+    ones with ``float_products``; the int32 cache)."""
     x = torch.linspace(-3, 3, 24, dtype=torch.float64).view(2, 12)
     gain = torch.ones(12, dtype=torch.float64)
     m, steps = norm_quantize(x, gain, 1e-6)
     quantize(x)
     scale = torch.ones(12, dtype=torch.float64)
-    for acc in (m.to(torch.int32), m.to(torch.float64)):
-        for bias in (None, scale):
-            residual(x, acc, steps, scale, bias, 1e-6)
-            silu_quantize(acc, steps, scale, bias, torch.zeros(9, dtype=torch.float64))
-            qkv(acc, steps, scale, bias, torch.zeros(2, dtype=torch.int64), torch.ones(1, 2, dtype=torch.float64),
-                torch.zeros(1, 2, dtype=torch.float64), 2, 2, 2, 8.0, 8.0)
+    for acc in (m.to(torch.int32), *([m.to(torch.float64)] if float_products else [])):
+        residual(x, acc, steps, scale, None, 1e-6)
+        silu_quantize(acc, steps, scale, None, torch.zeros(9, dtype=torch.float64))
+        qkv(acc, steps, scale, None, torch.zeros(2, dtype=torch.int64), torch.ones(1, 2, dtype=torch.float64),
+            torch.zeros(1, 2, dtype=torch.float64), 2, 2, 2, 8.0, 8.0)
     k = torch.zeros(2, 1, 4, dtype=torch.float64)
-    for dtype in (torch.int32, torch.int64):
-        cache = torch.zeros(2, 1, 3, 4, dtype=dtype)
-        store(k, k, torch.zeros(2, dtype=torch.int64), cache, cache.clone())
+    cache = torch.zeros(2, 1, 3, 4, dtype=torch.int32)
+    store(k, k, torch.zeros(2, dtype=torch.int64), cache, cache.clone())
     digits, steps = norm_digits(x, gain, 1e-6)
     integer_logits(digits.to(torch.int32), steps, scale)
     _, sums = weights(torch.zeros(2, 1, 2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1.0,

@@ -474,7 +474,8 @@ class ExactLlama:
         self.score_to_grid = float(1 << tables.ATT_GRID_BITS) / (float(1 << (2 * _QK_BITS)) * math.sqrt(c.head_dim))
         self._v_unit = _scalar(float(1 << _V_BITS), str(dev))
         self._cache_kernels = kernels == "fast" and cache_products.usable(self.device, self.cache_dtype)
-        self._fused = self._cache_kernels and fused.usable(self.device)
+        self._fused = self._cache_kernels and fused.usable(
+            self.device, float_products=not all(q.int8_gemm for q in self._linears()[1:]))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, max_positions: int, device: torch.device | str = "cpu",
