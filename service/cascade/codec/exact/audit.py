@@ -113,8 +113,9 @@ ALLOWED: dict[str, Allowed] = {
     "aten.floor_divide.default": Allowed(_INT, "int64 floor division of the CDF (exact integer arithmetic)"),
     "aten.sqrt.default": Allowed(frozenset({F64}), ("torch's CPU square root (MKL's vector sqrt): within an ulp, "
                                  "deterministic across x86 ISAs and vendors, but not always the correctly rounded root "
-                                 "(~1 % of inputs); exact-llama-1 is defined by it, and the drift known answer, which "
-                                 "digests every layer's output, refuses a device whose root differs")),
+                                 "(~1 % of inputs); exact-llama-1 is defined by it, so other devices take the per-row "
+                                 "roots on the host (model.exact_root), and the drift known answer, which digests "
+                                 "every layer's output, refuses a machine whose root differs")),
     "aten.abs.default": Allowed(frozenset({F64}), "exact"),
     "aten.amax.default": Allowed(frozenset({F64, I64}), "a maximum: exact, order independent"),
     "aten.max.default": Allowed(_INT, "a maximum: exact"),

@@ -18,9 +18,9 @@ M = TypeVar("M")
 def resolve_codec_device(setting: str, engine_device: str | None = None) -> torch.device:
     """``auto``: the engines' device (``engine_device``, e.g. vLLM's platform device type), else CUDA
     when this process sees a GPU, else the CPU; ``cpu``/``cuda``: that device, refused with the
-    reason when it is not there. Every operation but RMSNorm's square root is the same on each device
-    (``exact.audit``); a device whose square root differs from the CPU's fails the start-up known
-    answer and leaves the codec off with the reason (docs/architecture.md, "The square root")."""
+    reason when it is not there. Every operation is the same on each device (``exact.audit``; RMSNorm's
+    square root is taken on the host off the CPU, ``model.exact_root``); a device that still computes
+    other integers fails the start-up known answer (``load_where_integers_agree``)."""
     if setting == "auto":
         found = "cuda" if torch.cuda.is_available() else "cpu"
         setting = engine_device if engine_device in ("cpu", "cuda") else found
@@ -35,8 +35,8 @@ def load_where_integers_agree(setting: str, device: torch.device, load: Callable
                              check: Callable[[M], None] | None) -> tuple[M, str | None]:
     """Load the exact model on ``device`` (what ``setting`` resolved to). Under ``auto`` a device other
     than the CPU must first pass the drift known answer (``check``): one that computes other integers
-    — CUDA's correctly rounded square root against ``exact-llama-1``'s, docs/architecture.md —
-    gives way to the CPU, and the reason comes back for the log. An explicit ``cuda`` is kept (the
+    (an operation its kernels round otherwise) gives way to the CPU, and the reason comes back for
+    the log. An explicit ``cuda`` is kept (the
     self-test then reports the failure)."""
     model = load(device)
     if setting != "auto" or device.type == "cpu" or check is None:

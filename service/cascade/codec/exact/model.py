@@ -19,7 +19,8 @@ Why it is exact (the argument the codec's portability rests on):
 - **Every other operation is elementwise**: a single IEEE-754 binary64 ``+ − × ÷`` (correctly
   rounded by the standard on every conforming CPU and GPU, never fused into an FMA), RMSNorm's
   square root (torch's CPU ``sqrt``, which ``exact-llama-1`` is defined by: MKL's, within an ulp of
-  the correctly rounded root — docs/architecture.md, "The square root"), ``round``/``floor``,
+  the correctly rounded root; on other devices the per-row roots are taken on the host —
+  ``exact_root``, docs/architecture.md, "The square root"), ``round``/``floor``,
   ``max``/``abs``, or an integer-indexed table lookup.
 - **No transcendental function runs**: exp (softmax), sigmoid (SiLU) and RoPE's cos/sin come from
   ``tables``, built with ``decimal``/integer arithmetic.
@@ -298,6 +299,17 @@ class QuantLinear:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
 
 
+def exact_root(squares: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's square root as ``exact-llama-1`` defines it: torch's CPU ``sqrt`` (MKL's vector root —
+    a function of the value alone, the same for any batch shape, thread count or x86 ISA, but not always
+    the correctly rounded root, which is what a GPU computes). Off the CPU the roots are therefore taken
+    on the host: one value per row, a copy each way, and every other operation is a basic IEEE one, so
+    the device computes the CPU's integers (docs/architecture.md, "The square root")."""
+    if squares.device.type == "cpu":
+        return torch.sqrt(squares)
+    return torch.sqrt(squares.cpu()).to(squares.device)
+
+
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm whose mean square is an exact sum (of the row scaled to int16 integers)."""
     device = str(x.device)
@@ -306,7 +318,7 @@ def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     step = amax / _scalar(_ACT16, device)
     xi = rint(x / step)
     mean_square = (xi * xi).sum(dim=1, keepdim=True) / _scalar(float(x.shape[1]), device) * (step * step)
-    return x / torch.sqrt(mean_square + eps) * gain
+    return x / exact_root(mean_square + eps) * gain
 
 
 def silu(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
