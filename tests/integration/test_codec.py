@@ -14,7 +14,7 @@ import pytest
 from cascade.codec.container import encode_header, parse_container
 from cascade_common.sse import parse
 
-from tests.integration.conftest import MODEL, Service, start_service, stop_service
+from tests.integration.conftest import MODEL, REPO, Service, start_service, stop_service
 
 TEXTS = {
     "python": 'def greet(name):\n    """Say hello."""\n    return f"hello {name}"\n',
@@ -103,6 +103,12 @@ def test_damaged_containers_get_clear_4xx(service: Service) -> None:
     assert r.status_code == 409
     assert "fingerprint" in r.json()["error"]["message"]
     with service.client() as client:
+        for name, damaged in {**cases, "other model": _fix_header_crc(bytes(other_model), _header_len(container))
+                              }.items():
+            sse = client.post("/decompress", content=damaged, headers={
+                "content-type": "application/octet-stream", "accept": "text/event-stream"})
+            assert sse.status_code == (409 if name == "other model" else 400), (name, sse.text)
+            assert sse.json()["error"]["code"], name
         r = client.post("/decompress", json={"data": "%%%not base64"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_base64"
         r = client.post("/compress", content=b"x", headers={"content-type": "image/png"})
@@ -175,6 +181,45 @@ def test_sampled_generation_replays_exactly_from_its_code(service: Service) -> N
         bad = client.post("/v1/completions", json={"model": MODEL, "prompt": "x",
                                                    "codec": {"mode": "decode", "data": "@@", "tokens": 3}})
         assert bad.status_code == 400
+
+
+def test_a_replay_shows_the_text_and_finish_reason_the_engine_gave(service: Service) -> None:
+    """Decode mode renders the regenerated tokens as the sampling did: special tokens skipped, the
+    stopping end-of-sequence token left out, a stop sequence cut off, ``finish_reason`` kept."""
+    eos = json.loads((REPO / "models" / "pycoder-23m" / "generation_config.json").read_text())["eos_token_id"]
+    prompt = "import os\n"
+    cases = {
+        "end of sequence": {"max_tokens": 5, "allowed_token_ids": [eos]},
+        "stop sequence": {"max_tokens": 24, "temperature": 0, "stop": ["\n", "zzz"]},
+        "stop sequence, sampled": {"max_tokens": 32, "temperature": 1.0, "seed": 11, "stop": ["(", ":"]},
+        "length": {"max_tokens": 6, "temperature": 0},
+    }
+    codec = {"precision_bits": 24, "top_k": 16}
+    finishes = set()
+    with service.client() as client:
+        for name, params in cases.items():
+            body = {"model": MODEL, "prompt": prompt, **params, "codec": {**codec, "mode": "encode"}}
+            made = client.post("/v1/completions", json=body)
+            assert made.status_code == 200, (name, made.text)
+            sampled = made.json()["choices"][0]
+            finishes.add(sampled["finish_reason"])
+            for stream in (False, True):
+                replay = client.post("/v1/completions", json={**body, "stream": stream, "codec": {
+                    **made.json()["codec"], "mode": "decode"}})
+                assert replay.status_code == 200, (name, replay.text)
+                if stream:
+                    chunk = json.loads(next(line[6:] for line in replay.text.splitlines()
+                                            if line.startswith("data: {")))
+                    choice, verified = chunk["choices"][0], chunk["codec"]["verified"]
+                else:
+                    choice, verified = replay.json()["choices"][0], replay.json()["codec"]["verified"]
+                assert (choice["text"], choice["finish_reason"]) == (sampled["text"], sampled["finish_reason"]), \
+                    (name, stream)
+                assert verified is True
+        assert finishes == {"stop", "length"}
+        refused = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "codec": {
+            **codec, "mode": "decode", "data": "AAAA", "tokens": 3, "token_ids": [5, 6, 7]}})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "codec.token_ids"
 
 
 def test_arbitrary_bytes_become_text_and_come_back(service: Service) -> None:
@@ -305,6 +350,10 @@ def test_a_replay_object_with_its_check_refuses_every_tampering(service: Service
             "truncated data": (replay({**code, "data": base64.b64encode(data[:-1]).decode()}), 422,
                                "replay_mismatch"),
             "empty data": (replay({**code, "data": ""}), 422, "replay_mismatch"),
+            "last byte changed": (replay({**code, "data": base64.b64encode(data[:-1] + bytes([data[-1] ^ 0x01]))
+                                          .decode()}), 422, "replay_mismatch"),
+            "byte appended": (replay({**code, "data": base64.b64encode(data + b"\x00").decode()}), 422,
+                              "replay_mismatch"),
             "fewer tokens": (replay({**code, "tokens": code["tokens"] - 1}), 422, "replay_mismatch"),
             "other top_k": (replay({**code, "top_k": 17}), 422, "replay_mismatch"),
             "other numerics": (replay({**code, "check": {**check, "numerics": "exact-llama-2"}}), 409,

@@ -114,7 +114,9 @@ def test_header_params_other_than_the_writers_are_a_422_damaged_container(servic
 def test_other_numerics_are_a_409_before_anything_else_is_checked(service: Service) -> None:
     container = _compressed(service, b"x = 1\n")
     for damaged in (_container_with(container, numerics="exact-llama-2"),
-                    _container_with(container, numerics="exact-llama-2", params=b"")):
+                    _container_with(container, numerics="exact-llama-2", params=b""),
+                    _container_with(container, numerics="exact-llama-2", params=b"{bad"),
+                    _container_with(container, numerics="exact-llama-2", params=b"[1]")):
         r = _decompressed(service, damaged)
         assert r.status_code == 409, r.text
         assert r.json()["error"]["code"] == "numerics_mismatch"

@@ -21,9 +21,10 @@ TEXT = {"content-type": "text/plain"}
     ("lanes=%D9%A1%D9%A2", "lanes"), ("top_k=%EF%BC%98", "top_k"), ("lanes=8.0", "lanes"), ("lanes=", "lanes"),
     ("lanes=%2B8", "lanes"), ("lanes=1e3", "lanes"), ("lanes=9" * 1 + "9" * 30, "lanes"),
     ("verify=banana", "verify"), ("verify=", "verify"), ("verify=truee", "verify"), ("lanes=65", "lanes"),
-    ("precision_bits=12", "precision_bits"), ("unknown=1", "unknown"),
+    ("precision_bits=12", "precision_bits"), ("unknown=1", "unknown"), ("top_k=abc&top_k=5", "top_k"),
+    ("lanes=8&lanes=8", "lanes"), ("context=%FF", None), ("context=%ED%A0%80", None),
 ])
-def test_a_bad_query_parameter_is_a_400_naming_it(fake_service: FakeService, query: str, param: str) -> None:
+def test_a_bad_query_parameter_is_a_400_naming_it(fake_service: FakeService, query: str, param: str | None) -> None:
     with fake_service.client() as client:
         r = client.post(f"/compress?{query}", content=b"x", headers=TEXT)
     assert r.status_code == 400, r.text
@@ -41,7 +42,8 @@ def test_a_well_formed_query_passes_validation(fake_service: FakeService, query:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("lanes", "8"), ("precision_bits", "32"), ("top_k", "16"), ("lane_tokens", 32.0), ("lanes", True),
-    ("verify", "true"), ("verify", 1), ("verify", "banana"), ("lanes", "²"),
+    ("verify", "true"), ("verify", 1), ("verify", "banana"), ("lanes", "²"), ("precision_bits", 16.0),
+    ("precision_bits", True), ("top_k", 5.0),
 ])
 def test_json_values_must_have_their_json_type(fake_service: FakeService, field: str, value: Any) -> None:
     with fake_service.client() as client:
@@ -55,3 +57,20 @@ def test_json_values_of_the_right_type_pass_validation(fake_service: FakeService
         r = client.post("/compress", json={"text": "x", "lanes": 8, "precision_bits": 32, "top_k": 16,
                                            "lane_tokens": 32, "verify": True, "context": "# c\n"})
     assert r.status_code == 503, r.text
+
+
+def test_query_parameters_beside_a_json_body_are_a_400_not_ignored(fake_service: FakeService) -> None:
+    with fake_service.client() as client:
+        r = client.post("/compress?top_k=abc", json={"text": "x"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "top_k"
+
+
+@pytest.mark.parametrize(("body", "param"), [({"data": "AAAA", "x": 1}, "x"), ({"data": "AAAA", "model": 3}, "model"),
+                                             ({"data": 5}, "data"), ({}, "data")])
+def test_a_bad_decompress_json_field_is_a_400_naming_it(fake_service: FakeService, body: dict[str, Any],
+                                                        param: str) -> None:
+    with fake_service.client() as client:
+        r = client.post("/decompress", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

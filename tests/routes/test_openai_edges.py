@@ -36,6 +36,16 @@ def test_a_replayed_tool_call_is_rendered_into_the_prompt(service: FakeService, 
     assert f"assistant: {call}\ntool: 18 C and sunny\nuser: And tomorrow?\n" in prompt
 
 
+def test_tool_call_arguments_nested_past_the_json_parsers_depth_stay_text(service: FakeService) -> None:
+    deep = "[" * 1100
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": deep}}
+    messages = [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "user", "content": "go"}]
+    reply = _sdk(service).chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content
+    prompt_ids, _ = service.engines.requests[-1]
+    assert deep[:50] in service.engines.tokenizer.decode(prompt_ids)
+
+
 def test_a_tool_call_on_a_user_message_is_a_400_naming_it(service: FakeService) -> None:
     messages = [{**REPLAY[1], "role": "user"}]
     with pytest.raises(openai.BadRequestError) as caught:
@@ -82,3 +92,18 @@ def test_completion_options_this_service_does_not_implement_are_400s_naming_them
     with pytest.raises(openai.BadRequestError) as caught:
         _sdk(service).completions.create(model=MODEL, prompt="def f():", max_tokens=3, **{field: value})  # type: ignore[call-overload]
     assert caught.value.body["param"] == field and "not supported" in caught.value.message  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": 5}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages.0.content.0.text"),
+])
+def test_a_wrong_type_in_a_union_field_is_a_400_naming_the_field_not_the_union_member(
+        service: FakeService, path: str, body: dict[str, object], param: str) -> None:
+    with service.client() as client:
+        r = client.post(path, json={"model": MODEL, **body})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == param

@@ -11,14 +11,20 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from cascade.api.completion_render import choice_body, envelope, stream_flags, usage
+from cascade.api.completion_render import choice_body, envelope, sampled_text, stream_flags, usage
 from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
-from cascade.api.openai_protocol import CodecField, CompletionRequest
+from cascade.api.openai_protocol import CompletionRequest
 from cascade.api.sampling import check_token_ids, resolve_max_tokens
 from cascade.api.streaming import SSE_DONE, SSE_HEADERS, sse_data, until_disconnect
 from cascade.codec.pipeline import CodecPipeline, CodecUnavailableError
-from cascade.codec.sampling_codec import ReplayMismatchError, check_identity, check_tokens, replay_check
+from cascade.codec.sampling_codec import (
+    ReplayMismatchError,
+    check_canonical,
+    check_identity,
+    check_tokens,
+    replay_check,
+)
 from cascade.settings import Settings
 
 Sample = Callable[[CodecPipeline], Awaitable[JSONResponse | StreamingResponse]]
@@ -52,8 +58,11 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
         if codec_field.check is not None:
             raise APIError(400, "codec.check is only for mode 'decode'", param="codec.check")
         if codec_field.token_ids is not None:
-            return await _forced_encode(request, codec_field, prompts[0], stream, settings, codec)
+            return await _forced_encode(request, body, prompts[0], stream, settings, codec)
         return await sample(codec)
+    if codec_field.token_ids is not None:
+        raise APIError(400, "codec.token_ids is only for mode 'encode' (decode mode regenerates them)",
+                       param="codec.token_ids")
     if codec_field.data is None:
         raise APIError(400, "codec mode 'decode' needs codec.data (base64)", param="codec.data")
     if codec_field.numerics is not None and codec_field.numerics != codec.numerics:
@@ -75,22 +84,28 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
             prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits, any_bytes=True))
         if check is not None:
             check_tokens(check, ids)
+            recoded, _ = await until_disconnect(request, lambda: codec.encode_tokens(
+                prompts[0], ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
+            check_canonical(payload, recoded)
     except ReplayMismatchError as exc:
         raise APIError(exc.status, str(exc), param=exc.param, code=exc.code) from None
     summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids, "verified": check is not None}
-    return _replayed(request, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
+    return _replayed(request, body, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
 
 
-def _replayed(request: Request, ids: list[int], prompt_tokens: int, summary: dict[str, Any], stream: bool,
-              include_usage: bool, settings: Settings, codec: CodecPipeline) -> JSONResponse | StreamingResponse:
-    """A completion whose tokens the codec produced (no engine sampled them)."""
+def _replayed(request: Request, body: CompletionRequest, ids: list[int], prompt_tokens: int, summary: dict[str, Any],
+              stream: bool, include_usage: bool, settings: Settings, codec: CodecPipeline
+              ) -> JSONResponse | StreamingResponse:
+    """A completion whose tokens the codec produced (no engine sampled them), rendered as the engine
+    rendered them when they were sampled (``sampled_text``)."""
     rid = request_id(request)
-    choice = choice_body("completion", 0, codec.decode_tokens(ids), None, "length", chunk=stream)
+    text, finish = _sampled_text(request, body, ids, codec)
+    choice = choice_body("completion", 0, text, None, finish, chunk=stream)
     counts = usage(prompt_tokens, len(ids))
     if not stream:
-        body = envelope("completion", rid, settings.model_name, chunk=False)
-        body.update(choices=[choice], usage=counts, codec=summary)
-        return JSONResponse(body)
+        reply = envelope("completion", rid, settings.model_name, chunk=False)
+        reply.update(choices=[choice], usage=counts, codec=summary)
+        return JSONResponse(reply)
 
     async def events() -> AsyncIterator[bytes]:
         chunk = envelope("completion", rid, settings.model_name, chunk=True)
@@ -107,10 +122,12 @@ def _replayed(request: Request, ids: list[int], prompt_tokens: int, summary: dic
     return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _forced_encode(request: Request, codec_field: CodecField, prompt: list[int], stream: bool,
+async def _forced_encode(request: Request, request_body: CompletionRequest, prompt: list[int], stream: bool,
                          settings: Settings, codec: CodecPipeline) -> JSONResponse:
     """``codec: {"mode": "encode", "token_ids": [...]}``: code given tokens after the prompt (teacher
     forcing) instead of sampling — the inverse of decode mode, token for token."""
+    codec_field = request_body.codec
+    assert codec_field is not None
     if stream:
         raise APIError(400, "codec encode with token_ids is not streamed", param="stream")
     ids = list(check_token_ids(codec_field.token_ids or [], codec.vocab_size, "codec.token_ids"))
@@ -118,10 +135,18 @@ async def _forced_encode(request: Request, codec_field: CodecField, prompt: list
     rid = request_id(request)
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
         prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
+    text, finish = _sampled_text(request, request_body, ids, codec)
     body = envelope("completion", rid, settings.model_name, chunk=False)
-    body["choices"] = [choice_body("completion", 0, codec.decode_tokens(ids), None, "length", chunk=False)]
+    body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)]
     body["usage"] = usage(len(prompt), len(ids))
     body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,
                      "precision_bits": codec_field.precision_bits, "numerics": codec.numerics,
                      "data": base64.b64encode(payload).decode(), "check": replay_check(codec, prompt, ids)}
     return JSONResponse(body)
+
+
+def _sampled_text(request: Request, body: CompletionRequest, ids: list[int], codec: CodecPipeline) -> tuple[str, str]:
+    """The text and finish reason of ``ids`` under this request's stop rules, as the engine gave them."""
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+    return sampled_text(ids, stops, body.ignore_eos, body.min_tokens, get_gateway(request).engines.eos_token_ids,
+                        codec.tokenizer)

@@ -7,11 +7,12 @@ import base64
 import binascii
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from cascade.api.deps import get_gateway, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
@@ -25,7 +26,7 @@ from cascade.api.streaming import (
     track_end,
     until_disconnect,
 )
-from cascade.codec.container import ContainerError
+from cascade.codec.container import PRECISIONS, ContainerError
 from cascade.codec.pipeline import (
     CodecPipeline,
     CodecUnavailableError,
@@ -44,10 +45,16 @@ router = APIRouter(tags=["codec"])
 OCTET = "application/octet-stream"
 
 
+def _precision(bits: int) -> int:
+    if bits not in PRECISIONS:
+        raise ValueError(f"Input should be one of {', '.join(map(str, PRECISIONS))}")
+    return bits
+
+
 class CompressParams(StrictModel):
     model: str | None = None
     context: str | None = None
-    precision_bits: Literal[16, 24, 32] | None = None
+    precision_bits: Annotated[int, Field(strict=True), AfterValidator(_precision)] | None = None
     top_k: Annotated[int, Field(ge=1, le=1024)] | None = None
     lane_tokens: Annotated[int, Field(ge=16)] | None = None
     lanes: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -161,6 +168,21 @@ def _query_value(key: str, raw: str) -> object:
     return raw
 
 
+def _query(request: Request) -> dict[str, object]:
+    """The query parameters, each once, percent-decoded as strict UTF-8 (``%FF`` or a lone surrogate
+    is a 400, not silently U+FFFD), as the values they stand for (``_query_value``)."""
+    try:
+        pairs = parse_qsl(request.url.query, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise APIError(400, "Invalid query string: percent-encoded bytes must be UTF-8 text") from None
+    query: dict[str, object] = {}
+    for key, raw in pairs:
+        if key in query:
+            raise APIError(400, f"Invalid query parameter '{key}': given more than once", param=key)
+        query[key] = _query_value(key, raw)
+    return query
+
+
 def _invalid(exc: ValidationError, where: str) -> APIError:
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first["loc"]) or None
@@ -173,14 +195,18 @@ async def _compress_params(request: Request, settings: Settings) -> tuple[Compre
     true/false — ``"8"`` is refused), validated strictly; a query parameter is text standing for that
     same value (``_query_value``) and goes through the same strict validation."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    query = _query(request)
     if content_type == "application/json":
+        if query:
+            name = next(iter(query))
+            raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
+                                "body", param=name)
         try:
             body = CompressBody.model_validate_json(await request.body(), strict=True)
         except ValidationError as exc:
             raise _invalid(exc, "value for") from None
         return body, _one(body.text.encode("utf-8"))
     if content_type in ("text/plain", OCTET, ""):
-        query = {key: _query_value(key, value) for key, value in request.query_params.items()}
         try:
             params = CompressParams.model_validate(query, strict=True)
         except ValidationError as exc:
@@ -269,9 +295,9 @@ async def _container_source(request: Request, settings: Settings) -> AsyncIterat
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         try:
-            body = DecompressBody.model_validate_json(await request.body())
+            body = DecompressBody.model_validate_json(await request.body(), strict=True)
         except ValidationError as exc:
-            raise APIError(400, f"Invalid request: {exc.errors()[0]['msg']}", param="data") from None
+            raise _invalid(exc, "value for") from None
         _check_model(body.model, settings)
         try:
             data = base64.b64decode(body.data, validate=True)
@@ -320,5 +346,12 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
             metrics.codec_errors.labels(type(exc).__name__).inc()
             raise
 
-    return BodyThenDisconnectResponse(_guarded(events()), body_done, media_type="text/event-stream",
+    first, rest = await _prime(events())  # damage found before the first segment is a 4xx, not a 200
+
+    async def primed() -> AsyncIterator[bytes]:
+        yield first
+        async for event in rest:
+            yield event
+
+    return BodyThenDisconnectResponse(_guarded(primed()), body_done, media_type="text/event-stream",
                                       headers=SSE_HEADERS)

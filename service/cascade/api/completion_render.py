@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,8 +30,13 @@ class Choice:
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 
+LOGPROB_FLOOR = -9999.0
+
+
 def _top_entry(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+    """A token and its log-probability; a token the request's constraints ruled out (−inf: grammar,
+    ``allowed_token_ids``) shows as −9999.0, OpenAI's floor, because JSON has no infinity."""
+    return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(token.encode("utf-8"))}
 
 
 def _entry(position: TokenLogprobs, top_n: int, kind: Kind) -> dict[str, Any]:
@@ -109,3 +115,29 @@ def stream_flags(request: SamplingFields) -> tuple[bool, bool]:
     options = request.stream_options
     include_usage = bool(request.stream and options and (options.include_usage or options.continuous_usage_stats))
     return request.stream, include_usage
+
+
+def sampled_text(ids: Sequence[int], stops: Sequence[str], ignore_eos: bool, min_tokens: int,
+                 eos_ids: Collection[int], tokenizer: Any) -> tuple[str, str]:
+    """The text and finish reason the engine gave when it sampled ``ids`` — what a replay (the codec's
+    decode mode) must show: special tokens skipped; an end-of-sequence token that stopped the
+    generation (none before ``min_tokens``, none under ``ignore_eos``) not in the text; a stop
+    sequence completed by the last token cut off with what follows. As vLLM's output processor
+    decides it, a stop sequence is searched for in the last token's new characters (and the
+    ``len(stop) − 1`` before them), in the request's order."""
+    if not ids:
+        return "", "length"
+    if not ignore_eos and len(ids) >= min_tokens and ids[-1] in eos_ids:
+        return _visible(tokenizer, ids[:-1]), "stop"
+    text = _visible(tokenizer, ids)
+    if stops and len(ids) > min_tokens:
+        before = len(_visible(tokenizer, ids[:-1]))
+        for stop in stops:
+            at = text.find(stop, max(0, before + 1 - len(stop)))
+            if at != -1:
+                return text[:at], "stop"
+    return text, "length"
+
+
+def _visible(tokenizer: Any, ids: Sequence[int]) -> str:
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False))

@@ -65,12 +65,26 @@ def error_response(error: APIError) -> JSONResponse:
                         status_code=error.status, headers=error.headers)
 
 
+_TYPE_NAMES = frozenset(("str", "int", "float", "bool", "none"))
+
+
+def _union_member(part: object) -> bool:
+    """A union member's tag in a validation location (``str``, ``list[int]``, ``TextPart``): not a
+    path the client wrote, so ``prompt.str`` is named ``prompt`` (field names are lower case)."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part[:1].isupper())
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "Invalid request", None
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    def path(error: Any) -> list[str]:
+        return [str(part) for part in error.get("loc", ()) if part != "body" and not _union_member(part)]
+
+    # Of a union's alternatives, the one that got furthest names the field the client got wrong.
+    lead = path(errors[0])
+    first = max((e for e in errors if path(e)[:len(lead)] == lead), key=lambda e: len(path(e)))
+    loc = path(first)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, LoneSurrogateError):
         loc.extend(str(part) for part in cause.path)

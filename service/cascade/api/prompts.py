@@ -54,7 +54,7 @@ def _tool_call(call: ToolCall, structured: bool) -> dict[str, Any]:
     arguments: Any = call.function.arguments
     try:
         parsed = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: kept as the text it is
         parsed = None
     if isinstance(parsed, dict):
         arguments = parsed

@@ -77,6 +77,9 @@ class Header:
     context: bytes = b""
     params_canonical: bool = field(default=True, compare=False)
     """Whether the params bytes read were ``canonical_params(params)`` (a writer always writes them so)."""
+    defect: str | None = field(default=None, compare=False)
+    """Why the coding parameters or params cannot be used, when a header passed its CRC with them: a
+    reader reports it (``ContainerError``) after the caller's identity checks, which come first."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,8 @@ class ContainerReader:
         """Append ``chunk``; return the records it completed, in order."""
         if self.trailer is not None and chunk:
             raise ContainerError("unexpected bytes after the container's end", "trailing_data")
+        if self.header is not None and self.header.defect:
+            raise ContainerError(self.header.defect)
         self._buf += chunk
         items: list[Header | SegmentRecord | Trailer] = []
         while self.trailer is None:
@@ -225,11 +230,15 @@ class ContainerReader:
             if item is None:
                 break
             items.append(item)
+            if isinstance(item, Header) and item.defect:
+                break
         if self.trailer is not None and self._buf:
             raise ContainerError("unexpected bytes after the container's end", "trailing_data")
         return items
 
     def close(self) -> None:
+        if self.header is not None and self.header.defect:
+            raise ContainerError(self.header.defect)
         if self.header is None:
             raise ContainerError("empty or truncated container: no complete header", "truncated_container")
         if self.trailer is None:
@@ -306,12 +315,16 @@ class ContainerReader:
         precision = raw[pos + numerics_len]
         params = raw[length - _U32.size - context_len - len(varint(context_len)) - params_len:][:params_len]
         context = raw[length - _U32.size - context_len:length - _U32.size]
+        defect = None
         if precision not in PRECISIONS or not 1 <= top_k < vocab or top_k + 1 > 1 << precision or lane_tokens < 1:
-            raise ContainerError(f"corrupted header: invalid coding parameters (precision {precision}, "
-                                 f"top_k {top_k}, vocabulary {vocab}, lane_tokens {lane_tokens})")
-        values = _params(params)
+            defect = (f"corrupted header: invalid coding parameters (precision {precision}, top_k {top_k}, "
+                      f"vocabulary {vocab}, lane_tokens {lane_tokens})")
+        try:
+            values = _params(params)
+        except ContainerError as exc:
+            values, defect = {}, defect or str(exc)
         self.header = Header(fingerprint, precision, top_k, vocab, _ascii(numerics), lane_tokens, values, context,
-                             _is_canonical(values, params))
+                             _is_canonical(values, params), defect)
         return self.header
 
     def _read_segment(self, kind: int) -> SegmentRecord | None:
@@ -414,6 +427,6 @@ def parse_container(data: bytes, limits: Limits | None = None) -> Container:
     """A whole container in one buffer (the streaming reader underneath)."""
     reader = ContainerReader(limits)
     segments = [item for item in reader.feed(data) if isinstance(item, SegmentRecord)]
-    reader.close()
+    reader.close()  # raises a header's defect too
     assert reader.header is not None and reader.trailer is not None
     return Container(reader.header, segments, reader.trailer)

@@ -297,6 +297,8 @@ class CodecPipeline:
                 f"{self.fingerprint.hex()[:16]}…: decompress it with the same model")
         if header.vocab_size != self.vocab_size:
             raise ModelMismatchError(f"container vocabulary {header.vocab_size} ≠ model vocabulary {self.vocab_size}")
+        if header.defect:
+            raise ContainerError(header.defect)
         check_params(header, self.separator_id)
         try:
             header.context.decode("utf-8")

@@ -73,6 +73,15 @@ def check_tokens(check: ReplayCheck, token_ids: Sequence[int]) -> None:
                                   "replay_mismatch", "codec.data")
 
 
+def check_canonical(data: bytes, recoded: bytes) -> None:
+    """After ``check_tokens``: the data must be the very code of its tokens. Coding is deterministic
+    (the same tokens give the same bytes), so this refuses what decodes to the right tokens anyway — a
+    changed bit in the last byte's slack, bytes appended after the code."""
+    if data != recoded:
+        raise ReplayMismatchError(422, "codec.data is not the code of the tokens it decodes to (bytes changed or "
+                                       "appended after it was made)", "replay_mismatch", "codec.data")
+
+
 class SamplingEncoder:
     """Collects the sampled tokens; ``finish`` codes them and returns the base64 chunk of the bitstream."""
 

@@ -186,8 +186,13 @@ def test_header_params_that_are_not_a_json_object_are_rejected(params: bytes) ->
     body = (b"CSCZ" + bytes([VERSION]) + b"\0" * 32 + varint(5) + b"exact" + bytes([32]) + varint(64)
             + varint(8192) + varint(100) + varint(len(params)) + params + varint(0))
     data = body + struct.pack("<I", zlib.crc32(body))
+    reader = ContainerReader()
+    [header] = reader.feed(data)  # the header comes out first, for the caller's identity checks (409 first)
+    assert isinstance(header, Header) and header.defect and "params" in header.defect
     with pytest.raises(ContainerError, match="params"):
-        ContainerReader().feed(data)
+        reader.feed(b"")
+    with pytest.raises(ContainerError, match="params"):
+        reader.close()
 
 
 def test_header_with_valid_checksum_but_impossible_parameters_is_rejected() -> None:
