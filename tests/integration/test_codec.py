@@ -103,12 +103,6 @@ def test_damaged_containers_get_clear_4xx(service: Service) -> None:
     assert r.status_code == 409
     assert "fingerprint" in r.json()["error"]["message"]
     with service.client() as client:
-        for name, damaged in {**cases, "other model": _fix_header_crc(bytes(other_model), _header_len(container))
-                              }.items():
-            sse = client.post("/decompress", content=damaged, headers={
-                "content-type": "application/octet-stream", "accept": "text/event-stream"})
-            assert sse.status_code == (409 if name == "other model" else 400), (name, sse.text)
-            assert sse.json()["error"]["code"], name
         r = client.post("/decompress", json={"data": "%%%not base64"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_base64"
         r = client.post("/compress", content=b"x", headers={"content-type": "image/png"})

@@ -31,35 +31,61 @@ def test_candidates_a_constraint_ruled_out_get_openais_floor_not_infinity(kind: 
     assert [t["logprob"] for t in entries[0]["top_logprobs"]][-2:] == [LOGPROB_FLOOR, LOGPROB_FLOOR]
 
 
+def render(tokenizer: object, ids: list[int], stops: list[str] | None = None, ignore_eos: bool = False,
+           min_tokens: int = 0, prompt: list[int] | None = None) -> tuple[str, str]:
+    return sampled_text(prompt or [], ids, stops or [], ignore_eos, min_tokens, {EOS}, tokenizer)
+
+
+def ids_of(tokenizer: object, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+
+
 def test_a_stopping_end_of_sequence_token_is_not_in_the_text(tokenizer: object) -> None:
-    ids = [*tokenizer.encode("x = 1", add_special_tokens=False), EOS]  # type: ignore[attr-defined]
-    assert sampled_text(ids, [], False, 0, {EOS}, tokenizer) == ("x = 1", "stop")
-    assert sampled_text([EOS], [], False, 0, {EOS}, tokenizer) == ("", "stop")
+    assert render(tokenizer, [*ids_of(tokenizer, "x = 1"), EOS]) == ("x = 1", "stop")
+    assert render(tokenizer, [EOS]) == ("", "stop")
 
 
-def test_under_ignore_eos_or_before_min_tokens_the_end_token_does_not_stop(tokenizer: object) -> None:
-    ids = [*tokenizer.encode("x", add_special_tokens=False), EOS]  # type: ignore[attr-defined]
-    assert sampled_text(ids, [], True, 0, {EOS}, tokenizer) == ("x", "length")
-    assert sampled_text(ids, [], False, len(ids) + 1, {EOS}, tokenizer)[1] == "length"
+def test_under_ignore_eos_the_end_token_does_not_stop_and_shows_nothing(tokenizer: object) -> None:
+    assert render(tokenizer, [*ids_of(tokenizer, "x"), EOS, *ids_of(tokenizer, " y")], ignore_eos=True) \
+        == ("x y", "length")
 
 
 def test_a_stop_sequence_the_last_token_completes_is_cut_off(tokenizer: object) -> None:
-    ids = tokenizer.encode("import sys\nimport", add_special_tokens=False)  # type: ignore[attr-defined]
+    ids = ids_of(tokenizer, "import sys\nimport")
     cut = next(i for i in range(1, len(ids) + 1) if "\n" in tokenizer.decode(ids[:i]))  # type: ignore[attr-defined]
-    assert sampled_text(ids[:cut], ["\n"], False, 0, {EOS}, tokenizer) == ("import sys", "stop")
+    assert render(tokenizer, ids[:cut], ["\n"]) == ("import sys", "stop")
 
 
-def test_a_stop_sequence_earlier_than_the_last_token_is_not_searched_for(tokenizer: object) -> None:
-    """The engine would have stopped there: tokens after it are not a sampled generation, and a
-    replay shows them as they decode (only the last token's new characters are searched)."""
-    ids = tokenizer.encode("a\nb c d e", add_special_tokens=False)  # type: ignore[attr-defined]
+def test_no_stop_sequence_is_searched_for_within_min_tokens(tokenizer: object) -> None:
+    ids = ids_of(tokenizer, "a\nb c d")
+    first_newline = next(i for i in range(1, len(ids) + 1) if "\n" in tokenizer.decode(ids[:i]))  # type: ignore[attr-defined]
     text = tokenizer.decode(ids)  # type: ignore[attr-defined]
-    assert sampled_text(ids, ["\n"], False, 0, {EOS}, tokenizer) == (text, "length")
+    assert render(tokenizer, ids, ["\n"], min_tokens=first_newline) == (text, "length")
+    assert render(tokenizer, ids, ["\n"], min_tokens=first_newline - 1) == ("a", "stop")
 
 
-def test_stop_sequences_are_searched_in_the_requests_order(tokenizer: object) -> None:
-    ids = tokenizer.encode("xy", add_special_tokens=False)  # type: ignore[attr-defined]
+def test_of_stop_sequences_one_token_completes_the_one_ending_first_wins(tokenizer: object) -> None:
+    """vLLM's rule (the result of appending one character at a time); ties go by the request's order."""
+    ids = ids_of(tokenizer, "xy")
     if len(ids) != 1:
         pytest.skip("needs 'xy' as one token")
-    assert sampled_text(ids, ["y", "x"], False, 0, {EOS}, tokenizer) == ("x", "stop")
-    assert sampled_text(ids, ["x", "y"], False, 0, {EOS}, tokenizer) == ("", "stop")
+    assert render(tokenizer, ids, ["y", "x"]) == ("", "stop")
+    assert render(tokenizer, ids, ["xy", "x"]) == ("", "stop")
+    assert render(tokenizer, ids, ["y"]) == ("x", "stop")
+
+
+def test_a_character_split_across_tokens_appears_once_complete_and_can_stop(tokenizer: object) -> None:
+    ids = ids_of(tokenizer, "a日本")
+    pieces = [tokenizer.decode(ids[:i]) for i in range(1, len(ids) + 1)]  # type: ignore[attr-defined]
+    if not any(p.endswith("\ufffd") for p in pieces):
+        pytest.skip("needs a character split across byte tokens")
+    split = next(i for i, p in enumerate(pieces, start=1) if p.endswith("\ufffd"))
+    assert render(tokenizer, ids[:split]) == (pieces[split - 1].rstrip("\ufffd"), "length")
+    assert render(tokenizer, ids, ["日"]) == ("a", "stop")
+    assert render(tokenizer, ids) == ("a日本", "length")
+
+
+def test_the_text_continues_the_prompt_as_the_engine_detokenizes_it(tokenizer: object) -> None:
+    prompt = ids_of(tokenizer, "x =")
+    ids = ids_of(tokenizer, " 1")
+    assert render(tokenizer, ids, prompt=prompt) == (" 1", "length")

@@ -90,18 +90,18 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     except ReplayMismatchError as exc:
         raise APIError(exc.status, str(exc), param=exc.param, code=exc.code) from None
     summary = {"mode": "decode", "tokens": len(ids), "token_ids": ids, "verified": check is not None}
-    return _replayed(request, body, ids, len(prompts[0]), summary, stream, include_usage, settings, codec)
+    return _replayed(request, body, prompts[0], ids, summary, stream, include_usage, settings, codec)
 
 
-def _replayed(request: Request, body: CompletionRequest, ids: list[int], prompt_tokens: int, summary: dict[str, Any],
+def _replayed(request: Request, body: CompletionRequest, prompt: list[int], ids: list[int], summary: dict[str, Any],
               stream: bool, include_usage: bool, settings: Settings, codec: CodecPipeline
               ) -> JSONResponse | StreamingResponse:
     """A completion whose tokens the codec produced (no engine sampled them), rendered as the engine
     rendered them when they were sampled (``sampled_text``)."""
     rid = request_id(request)
-    text, finish = _sampled_text(request, body, ids, codec)
+    text, finish = _sampled_text(request, body, prompt, ids, codec)
     choice = choice_body("completion", 0, text, None, finish, chunk=stream)
-    counts = usage(prompt_tokens, len(ids))
+    counts = usage(len(prompt), len(ids))
     if not stream:
         reply = envelope("completion", rid, settings.model_name, chunk=False)
         reply.update(choices=[choice], usage=counts, codec=summary)
@@ -135,7 +135,7 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
     rid = request_id(request)
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
         prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
-    text, finish = _sampled_text(request, request_body, ids, codec)
+    text, finish = _sampled_text(request, request_body, prompt, ids, codec)
     body = envelope("completion", rid, settings.model_name, chunk=False)
     body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)]
     body["usage"] = usage(len(prompt), len(ids))
@@ -145,8 +145,9 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
     return JSONResponse(body)
 
 
-def _sampled_text(request: Request, body: CompletionRequest, ids: list[int], codec: CodecPipeline) -> tuple[str, str]:
+def _sampled_text(request: Request, body: CompletionRequest, prompt: list[int], ids: list[int],
+                  codec: CodecPipeline) -> tuple[str, str]:
     """The text and finish reason of ``ids`` under this request's stop rules, as the engine gave them."""
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-    return sampled_text(ids, stops, body.ignore_eos, body.min_tokens, get_gateway(request).engines.eos_token_ids,
-                        codec.tokenizer)
+    return sampled_text(prompt, ids, stops, body.ignore_eos, body.min_tokens,
+                        get_gateway(request).engines.eos_token_ids, codec.tokenizer)

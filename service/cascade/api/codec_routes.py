@@ -140,6 +140,8 @@ async def _prime(stream: AsyncIterator[bytes]) -> tuple[bytes, AsyncIterator[byt
         first = await anext(stream)
     except StopAsyncIteration:
         first = b""
+    except asyncio.CancelledError:
+        raise
     except BaseException as exc:
         raise _as_api_error(exc) from None
     return first, stream
@@ -172,7 +174,8 @@ def _query(request: Request) -> dict[str, object]:
     """The query parameters, each once, percent-decoded as strict UTF-8 (``%FF`` or a lone surrogate
     is a 400, not silently U+FFFD), as the values they stand for (``_query_value``)."""
     try:
-        pairs = parse_qsl(request.url.query, keep_blank_values=True, errors="strict")
+        pairs = parse_qsl(request.scope.get("query_string", b"").decode("utf-8"), keep_blank_values=True,
+                          errors="strict")
     except UnicodeDecodeError:
         raise APIError(400, "Invalid query string: percent-encoded bytes must be UTF-8 text") from None
     query: dict[str, object] = {}
@@ -330,7 +333,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
             raise _as_api_error(exc) from None
         return Response(b"".join(parts), media_type="text/plain; charset=utf-8")
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         total = segments = 0
         try:
             async for index, data in stream:
@@ -346,12 +349,5 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
             metrics.codec_errors.labels(type(exc).__name__).inc()
             raise
 
-    first, rest = await _prime(events())  # damage found before the first segment is a 4xx, not a 200
-
-    async def primed() -> AsyncIterator[bytes]:
-        yield first
-        async for event in rest:
-            yield event
-
-    return BodyThenDisconnectResponse(_guarded(primed()), body_done, media_type="text/event-stream",
+    return BodyThenDisconnectResponse(_guarded(events()), body_done, media_type="text/event-stream",
                                       headers=SSE_HEADERS)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -117,27 +117,71 @@ def stream_flags(request: SamplingFields) -> tuple[bool, bool]:
     return request.stream, include_usage
 
 
-def sampled_text(ids: Sequence[int], stops: Sequence[str], ignore_eos: bool, min_tokens: int,
-                 eos_ids: Collection[int], tokenizer: Any) -> tuple[str, str]:
-    """The text and finish reason the engine gave when it sampled ``ids`` — what a replay (the codec's
-    decode mode) must show: special tokens skipped; an end-of-sequence token that stopped the
-    generation (none before ``min_tokens``, none under ``ignore_eos``) not in the text; a stop
-    sequence completed by the last token cut off with what follows. As vLLM's output processor
-    decides it, a stop sequence is searched for in the last token's new characters (and the
-    ``len(stop) − 1`` before them), in the request's order."""
-    if not ids:
-        return "", "length"
-    if not ignore_eos and len(ids) >= min_tokens and ids[-1] in eos_ids:
-        return _visible(tokenizer, ids[:-1]), "stop"
-    text = _visible(tokenizer, ids)
-    if stops and len(ids) > min_tokens:
-        before = len(_visible(tokenizer, ids[:-1]))
-        for stop in stops:
-            at = text.find(stop, max(0, before + 1 - len(stop)))
-            if at != -1:
-                return text[:at], "stop"
+def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str], ignore_eos: bool,
+                 min_tokens: int, eos_ids: Collection[int], tokenizer: Any) -> tuple[str, str]:
+    """The text and finish reason the engine gave when it sampled ``ids`` after ``prompt`` — what a
+    replay (the codec's decode mode) must show. It repeats vLLM's output processor token by token:
+    incremental detokenization after the prompt with special tokens skipped (an incomplete UTF-8
+    character at the end is not shown); an end-of-sequence token ends it, left out (``"stop"``;
+    none under ``ignore_eos``); after ``min_tokens``, each token's new characters (with the
+    ``len(stop) − 1`` before them) are searched for the stop sequences, the one ending earliest
+    winning (ties: the request's order), and the text is cut where it starts (``"stop"``); else
+    ``"length"``. For a sampled generation only its last token can end it; tokens that are not one
+    (decode mode's arbitrary bytes) show what the engine would have stopped at."""
+    step = _text_steps(tokenizer, prompt)
+    text = ""
+    for n, token in enumerate(ids, start=1):
+        if not ignore_eos and token in eos_ids:
+            return text, "stop"
+        before = len(text)
+        text += step(token)
+        if stops and n > min_tokens and len(text) > before:
+            found = _earliest_stop(text, before, stops)
+            if found is not None:
+                return text[:found], "stop"
     return text, "length"
 
 
-def _visible(tokenizer: Any, ids: Sequence[int]) -> str:
-    return str(tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False))
+def _earliest_stop(text: str, before: int, stops: Sequence[str]) -> int | None:
+    """Where the stop sequence that a step completed first starts (``before``: the text's length before it)."""
+    best: tuple[int, int] | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, before + 1 - len(stop)))
+        if at != -1 and (best is None or at + len(stop) < best[0]):
+            best = (at + len(stop), at)
+    return None if best is None else best[1]
+
+
+def _text_steps(tokenizer: Any, prompt: Sequence[int]) -> Callable[[int], str]:
+    """One token's new text at a time, as vLLM's fast detokenizer produces it (``DecodeStream`` primed
+    with the prompt); for a tokenizer without one, the growth of the whole output's decoded text."""
+    from tokenizers import Tokenizer, decoders
+
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if isinstance(backend, Tokenizer):
+        stream = decoders.DecodeStream(ids=list(prompt), skip_special_tokens=True)
+
+        def fast(token: int) -> str:
+            nonlocal stream
+            try:
+                return stream.step(backend, token) or ""
+            except (OverflowError, TypeError):
+                return ""
+            except Exception:  # an invalid prefix: vLLM starts a new stream without the prompt
+                stream = decoders.DecodeStream(skip_special_tokens=True)
+                return stream.step(backend, token) or ""
+
+        return fast
+    seen: list[int] = []
+    shown = 0
+
+    def slow(token: int) -> str:
+        nonlocal shown
+        seen.append(token)
+        full = str(tokenizer.decode(seen, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+        if full.endswith("\ufffd"):
+            return ""
+        new, shown = full[shown:], len(full)
+        return new
+
+    return slow

@@ -83,7 +83,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
     # Of a union's alternatives, the one that got furthest names the field the client got wrong.
     lead = path(errors[0])
-    first = max((e for e in errors if path(e)[:len(lead)] == lead), key=lambda e: len(path(e)))
+    first = max((e for e in errors if path(e)[:len(lead)] == lead), key=lambda e: len(path(e))) if lead \
+        else errors[0]
     loc = path(first)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, LoneSurrogateError):

@@ -31,6 +31,9 @@ logger = logging.getLogger("cascade.codec")
 _LOCK = threading.Lock()
 observers: list[Callable[[str, tuple[torch.Tensor, ...]], None]] = []
 """Called with each kernel's name and operands (``audit.OpAudit`` checks them: dispatch never sees numba)."""
+on_host = threading.local()
+"""``on_host.depth > 0`` while a reviewed step of the decision path runs on the host by design (the
+square roots of ``model.exact_root`` off the CPU): the audit does not hold its tensors to the device."""
 
 try:
     import numba

@@ -303,11 +303,18 @@ def exact_root(squares: torch.Tensor) -> torch.Tensor:
     """RMSNorm's square root as ``exact-llama-1`` defines it: torch's CPU ``sqrt`` (MKL's vector root —
     a function of the value alone, the same for any batch shape, thread count or x86 ISA, but not always
     the correctly rounded root, which is what a GPU computes). Off the CPU the roots are therefore taken
-    on the host: one value per row, a copy each way, and every other operation is a basic IEEE one, so
-    the device computes the CPU's integers (docs/architecture.md, "The square root")."""
+    on the host: one value per row, a copy each way. Every other operation is a basic IEEE one, so the
+    device should compute the CPU's integers — the drift known answer checks it at start-up (not yet
+    run on a GPU; docs/architecture.md, "The square root")."""
     if squares.device.type == "cpu":
         return torch.sqrt(squares)
-    return torch.sqrt(squares.cpu()).to(squares.device)
+    for observe in cache_products.observers:
+        observe("model.exact_root", (squares,))
+    cache_products.on_host.depth = getattr(cache_products.on_host, "depth", 0) + 1
+    try:
+        return torch.sqrt(squares.cpu()).to(squares.device)
+    finally:
+        cache_products.on_host.depth -= 1
 
 
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
