@@ -162,7 +162,7 @@ class Gateway:
         s = self.settings
         known_answer = reference_path(self.engines.fingerprint)
         try:
-            model, moved = await asyncio.to_thread(
+            model, moved, checked = await asyncio.to_thread(
                 load_codec_model, s.codec_device, s.model, s.max_model_len, s.codec_kernels,
                 known_answer if s.codec_selftest and known_answer.exists() else None)
         except (OSError, ValueError, KeyError) as exc:
@@ -178,7 +178,7 @@ class Gateway:
         if s.codec_selftest:
             self.codec_status.set(CodecState.SELF_TEST, "the codec's startup self-test is running")
             try:
-                if known_answer.exists():
+                if known_answer.exists() and not checked:
                     await asyncio.to_thread(single_threaded, check_known_answer, model, known_answer)
                 await self.codec.self_test(inject_fault=s.codec_selftest_fault)
             except Exception as exc:  # whatever fails, the codec stays off with the reason; the rest serves

@@ -148,6 +148,5 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
 def _sampled_text(request: Request, body: CompletionRequest, prompt: list[int], ids: list[int],
                   codec: CodecPipeline) -> tuple[str, str]:
     """The text and finish reason of ``ids`` under this request's stop rules, as the engine gave them."""
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-    return sampled_text(prompt, ids, stops, body.ignore_eos, body.min_tokens,
+    return sampled_text(prompt, ids, body.stop_sequences(), body.ignore_eos, body.min_tokens,
                         get_gateway(request).engines.eos_token_ids, codec.tokenizer)

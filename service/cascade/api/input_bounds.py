@@ -48,7 +48,7 @@ async def tokenize(tokenizer: Any, text: str, add_special_tokens: bool = False) 
 
 def check_words(request: SamplingFields, settings: Settings) -> None:
     """Stop strings and bad words are matched or tokenised per request in the gateway: bound them."""
-    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    stops = request.stop_sequences()
     bad_words = request.bad_words or []
     if len(bad_words) > settings.max_bad_words:
         raise APIError(400, f"At most {settings.max_bad_words} bad_words are allowed", param="bad_words")

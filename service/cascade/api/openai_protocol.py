@@ -89,6 +89,10 @@ class SamplingFields(StrictModel):
     bad_words: list[str] | None = None
     user: str | None = None
 
+    def stop_sequences(self) -> tuple[str, ...]:
+        """``stop`` as a tuple of strings (OpenAI takes one string or a list)."""
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
     @field_validator("stop")
     @classmethod
     def _stop_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:

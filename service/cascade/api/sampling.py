@@ -16,7 +16,7 @@ def check_model(requested: str, settings: Settings) -> None:
 
 
 def _stops(request: SamplingFields, settings: Settings) -> tuple[str, ...]:
-    stops = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    stops = request.stop_sequences()
     if len(stops) > settings.max_stop_sequences:
         raise APIError(400, f"At most {settings.max_stop_sequences} stop sequences are allowed",
                        param="stop")

@@ -68,16 +68,14 @@ def test_a_lowered_float32_matmul_precision_neither_changes_the_integers_nor_sta
 
 def test_only_a_reviewed_host_step_may_leave_the_audited_device_and_its_ops_are_still_checked() -> None:
     """``model.exact_root`` takes a GPU's roots on the host; the audit lets exactly that step's
-    tensors be on the CPU (``cache_products.on_host``) and still checks its ops."""
+    tensors be on the CPU (``cache_products.host_step``) and still checks its ops."""
     x = torch.ones(3, dtype=torch.float64)
     with OpAudit("meta") as audit:
         _ = torch.sqrt(x)
     assert audit.violations == {"aten.sqrt.default: a tensor on cpu, not meta"}
-    with OpAudit("meta") as audit:
-        cache_products.on_host.depth = 1
-        try:
-            _ = torch.sqrt(x)
-            _ = x.exp()
-        finally:
-            cache_products.on_host.depth = 0
+    with OpAudit("meta") as audit, cache_products.host_step("model.exact_root",
+                                                            torch.empty(3, dtype=torch.float64, device="meta")):
+        _ = torch.sqrt(x)
+        _ = x.exp()
     assert audit.violations == {"aten.exp.default: not on the allow-list"}
+    assert not cache_products.on_host()

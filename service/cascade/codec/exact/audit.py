@@ -226,7 +226,7 @@ class OpAudit(TorchDispatchMode):
         self._check_device(name, list(tensors))
 
     def _check_device(self, name: str, tensors: list[torch.Tensor]) -> None:
-        if self.device is not None and not getattr(cache_products.on_host, "depth", 0):
+        if self.device is not None and not cache_products.on_host():
             for t in tensors:
                 if t.device.type != self.device.type or self.device.index not in (None, t.device.index):
                     self.violations.add(f"{name}: a tensor on {t.device}, not {self.device}")

@@ -19,10 +19,11 @@ Calls are serialised by a lock: numba's default thread pool does not take concur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,9 +32,30 @@ logger = logging.getLogger("cascade.codec")
 _LOCK = threading.Lock()
 observers: list[Callable[[str, tuple[torch.Tensor, ...]], None]] = []
 """Called with each kernel's name and operands (``audit.OpAudit`` checks them: dispatch never sees numba)."""
-on_host = threading.local()
-"""``on_host.depth > 0`` while a reviewed step of the decision path runs on the host by design (the
-square roots of ``model.exact_root`` off the CPU): the audit does not hold its tensors to the device."""
+_host = threading.local()
+
+
+def report(name: str, *tensors: torch.Tensor) -> None:
+    """Tell the ``observers`` that kernel ``name`` runs on ``tensors``."""
+    for observe in observers:
+        observe(name, tensors)
+
+
+@contextlib.contextmanager
+def host_step(name: str, *tensors: torch.Tensor) -> Iterator[None]:
+    """A reviewed step of the decision path that runs on the host by design (``model.exact_root``'s
+    square roots off the CPU): reported as kernel ``name``; inside it (``on_host``) the audit does not
+    hold tensors to the decision path's device."""
+    report(name, *tensors)
+    _host.depth = getattr(_host, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _host.depth -= 1
+
+
+def on_host() -> bool:
+    return getattr(_host, "depth", 0) > 0
 
 try:
     import numba
@@ -101,8 +123,7 @@ def _compiles() -> bool:
 def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:
     """``q (rows, kv_heads, group, D) float64 · keys[:, :, :span] (int32)ᵀ`` → ``(rows, kv_heads, group, span)``."""
     out = torch.empty(*q.shape[:3], span, dtype=torch.float64)
-    for observe in observers:
-        observe("cache_products.scores", (q, keys))
+    report("cache_products.scores", q, keys)
     launch(_scores, q.contiguous().numpy(), keys.numpy(), span, out.numpy())
     return out
 
@@ -110,8 +131,7 @@ def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:
 def weighted(p: torch.Tensor, values: torch.Tensor, span: int) -> torch.Tensor:
     """``p (rows, kv_heads, group, span) float64 · values[:, :, :span] (int32)`` → ``(rows, kv_heads, group, D)``."""
     out = torch.empty(*p.shape[:3], values.shape[3], dtype=torch.float64)
-    for observe in observers:
-        observe("cache_products.weighted", (p, values))
+    report("cache_products.weighted", p, values)
     launch(_weighted, p.contiguous().numpy(), values.numpy(), span, out.numpy())
     return out
 

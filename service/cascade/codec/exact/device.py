@@ -49,15 +49,21 @@ def load_where_integers_agree(setting: str, device: torch.device, load: Callable
 
 
 def load_codec_model(setting: str, path: str | Path, max_positions: int, kernels: str, known_answer: Path | None
-                     ) -> tuple[ExactLlama, str | None]:
+                     ) -> tuple[ExactLlama, str | None, bool]:
     """The service's exact model: on the device ``setting`` names (``load_where_integers_agree``, with
-    the drift ``known_answer`` when there is one), loaded with one torch thread (``single_threaded``)."""
+    the drift ``known_answer`` when there is one), loaded with one torch thread (``single_threaded``).
+    The last value: whether the returned model already passed the known answer (the self-test need
+    not run it again)."""
+    passed: list[ExactLlama] = []
+
     def load(device: torch.device) -> ExactLlama:
         return single_threaded(ExactLlama.from_pretrained, path, max_positions, device, kernels)
 
     def check(model: ExactLlama) -> None:
         assert known_answer is not None
         single_threaded(check_known_answer, model, known_answer)
+        passed.append(model)
 
-    return load_where_integers_agree(setting, resolve_codec_device(setting), load,
-                                     check if known_answer is not None else None)
+    model, moved = load_where_integers_agree(setting, resolve_codec_device(setting), load,
+                                             check if known_answer is not None else None)
+    return model, moved, any(m is model for m in passed)

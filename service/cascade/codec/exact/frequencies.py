@@ -149,8 +149,7 @@ def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> t
     if COMPILED and device.type == "cpu" and logits.dtype == torch.int64:
         ids = torch.empty(n_rows, top_k, dtype=torch.int64)
         cdf = torch.empty(n_rows, top_k + 2, dtype=torch.int64)
-        for observe in cache_products.observers:
-            observe("frequencies.compiled_tables", (logits, hi, lo, coarse))
+        cache_products.report("frequencies.compiled_tables", logits, hi, lo, coarse)
         cache_products.launch(_compiled_tables, logits.contiguous().numpy(), bits, hi.numpy(), lo.numpy(),
                               coarse.numpy(), precision_bits, ids.numpy(), cdf.numpy())
         return ids, cdf

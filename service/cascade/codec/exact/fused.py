@@ -233,28 +233,28 @@ def _bias(bias: torch.Tensor | None) -> Any:
 _NO_BIAS = torch.empty(0, dtype=torch.float64).numpy()
 
 
-def _report(name: str, *tensors: torch.Tensor) -> None:
-    for observe in cache_products.observers:
-        observe(name, tensors)
+def _roots(x: torch.Tensor, eps: float, squares: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm's per-row roots of ``mean_square + eps`` (``squares``, when ``residual`` computed them).
+
+    The square root is torch's own (``torch.sqrt``), not a kernel's: ``exact-llama-1`` was defined
+    with torch's CPU ``sqrt``, which is MKL's vector square root — within an ulp, not always the
+    correctly rounded one (``model.exact_root``; docs/architecture.md, "The square root")."""
+    if squares is None:
+        squares = torch.empty(x.shape[0], dtype=torch.float64)
+        cache_products.report("fused.mean_squares", x)
+        cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
+    return torch.sqrt(squares)
 
 
 def norm_quantize(x: torch.Tensor, gain: torch.Tensor, eps: float, squares: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize(rms_norm(x, gain, eps))`` → int8 activations and their per-row step (``squares``:
-    the rows' ``mean_square + eps`` when ``residual`` already computed them).
-
-    The square root is torch's own (``torch.sqrt``), not the kernel's: ``exact-llama-1`` was defined
-    with torch's CPU ``sqrt``, which is MKL's vector square root — within an ulp, not always the
-    correctly rounded one (see docs/architecture.md, "The square root")."""
+    the rows' ``mean_square + eps`` when ``residual`` already computed them; the roots: ``_roots``)."""
     rows, n = x.shape
-    if squares is None:
-        squares = torch.empty(rows, dtype=torch.float64)
-        _report("fused.mean_squares", x)
-        cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
-    roots = torch.sqrt(squares)
+    roots = _roots(x, eps, squares)
     m = torch.empty(rows, n, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    _report("fused.norm_quantize", x, roots, gain)
+    cache_products.report("fused.norm_quantize", x, roots, gain)
     cache_products.launch(_norm_quantize, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(m), _np(steps))
     return m, steps
 
@@ -263,7 +263,7 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A linear layer's int8 activations (±127 per row) and their step."""
     m = torch.empty(x.shape, dtype=torch.int8)
     steps = torch.empty(x.shape[0], dtype=torch.float64)
-    _report("fused.quantize", x)
+    cache_products.report("fused.quantize", x)
     cache_products.launch(_quantize, _np(x), _np(m), _np(steps))
     return m, steps
 
@@ -273,7 +273,7 @@ def residual(x: torch.Tensor, acc: torch.Tensor, steps: torch.Tensor, scale: tor
     """``x + linear_output(acc)``, and the sum's rows' ``mean_square + eps`` for the next RMSNorm."""
     out = torch.empty_like(x)
     squares = torch.empty(x.shape[0], dtype=torch.float64)
-    _report("fused.residual", x, acc, steps, scale)
+    cache_products.report("fused.residual", x, acc, steps, scale)
     cache_products.launch(_residual, _np(x), _np(acc), _np(steps), _np(scale), _bias(bias), float(eps), _np(out),
                           _np(squares))
     return out, squares
@@ -285,7 +285,7 @@ def silu_quantize(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, b
     rows, inter = acc.shape[0], acc.shape[1] // 2
     m = torch.empty(rows, inter, dtype=torch.int8)
     next_steps = torch.empty(rows, dtype=torch.float64)
-    _report("fused.silu_quantize", acc, steps, scale, table)
+    cache_products.report("fused.silu_quantize", acc, steps, scale, table)
     cache_products.launch(_silu_quantize, _np(acc), _np(steps), _np(scale), _bias(bias), _np(table),
                           np.empty((rows, inter)), _np(m), _np(next_steps))
     return m, next_steps
@@ -299,7 +299,7 @@ def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch
     q = torch.empty(rows, heads, dim, dtype=torch.float64)
     k = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
     v = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
-    _report("fused.qkv", acc, steps, scale, positions, cos, sin)
+    cache_products.report("fused.qkv", acc, steps, scale, positions, cos, sin)
     cache_products.launch(_qkv, _np(acc), _np(steps), _np(scale), _bias(bias), _np(positions), _np(cos), _np(sin),
                           float(qk_limit), float(v_limit), _np(q), _np(k), _np(v))
     return q, k, v
@@ -308,7 +308,7 @@ def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch
 def store(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
           ) -> None:
     """Write each row's key and value integers into its cache row at its position."""
-    _report("fused.store", k, v, positions, keys, values)
+    cache_products.report("fused.store", k, v, positions, keys, values)
     cache_products.launch(_store, _np(k), _np(v), _np(positions), _np(keys), _np(values))
 
 
@@ -316,7 +316,7 @@ def weights(scores: torch.Tensor, positions: torch.Tensor, to_grid: float, table
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer attention weights in place of ``scores`` (keys past a row's position masked) and their sums."""
     sums = torch.empty(scores.shape[:3], dtype=torch.float64)
-    _report("fused.weights", scores, positions, table)
+    cache_products.report("fused.weights", scores, positions, table)
     cache_products.launch(_weights, _np(scores), _np(positions), float(to_grid), _np(table), _np(sums))
     return scores, sums
 
@@ -326,7 +326,7 @@ def normalise_quantize(weighted: torch.Tensor, sums: torch.Tensor, unit: float) 
     rows, heads, group, dim = weighted.shape
     m = torch.empty(rows, heads * group * dim, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    _report("fused.normalise_quantize", weighted, sums)
+    cache_products.report("fused.normalise_quantize", weighted, sums)
     cache_products.launch(_normalise_quantize, _np(weighted), _np(sums), float(unit),
                           np.empty((rows, heads * group * dim)), _np(m), _np(steps))
     return m, steps
@@ -336,13 +336,10 @@ def norm_digits(x: torch.Tensor, gain: torch.Tensor, eps: float) -> tuple[torch.
     """The output layer's input: RMSNorm, the ±32,767 grid, and its three int8 digits ``a·2**14 + b·2**7 + c``
     stacked as ``(3·rows, n)`` (``QuantLinear._int8_product``'s operand), and the per-row steps."""
     rows, n = x.shape
-    squares = torch.empty(rows, dtype=torch.float64)
-    _report("fused.mean_squares", x)
-    cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
-    roots = torch.sqrt(squares)
+    roots = _roots(x, eps)
     digits = torch.empty(3 * rows, n, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    _report("fused.norm_digits", x, roots, gain)
+    cache_products.report("fused.norm_digits", x, roots, gain)
     cache_products.launch(_norm_digits, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(digits), _np(steps))
     return digits, steps
 
@@ -350,7 +347,7 @@ def norm_digits(x: torch.Tensor, gain: torch.Tensor, eps: float) -> tuple[torch.
 def integer_logits(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Integer logits (int64) from the output layer's three digit products (int32, ``(3·rows, vocab)``)."""
     out = torch.empty(acc.shape[0] // 3, acc.shape[1], dtype=torch.int64)
-    _report("fused.integer_logits", acc, steps, scale)
+    cache_products.report("fused.integer_logits", acc, steps, scale)
     cache_products.launch(_integer_logits, _np(acc), _np(steps), _np(scale), _np(out))
     return out
 

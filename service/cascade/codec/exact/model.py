@@ -308,13 +308,8 @@ def exact_root(squares: torch.Tensor) -> torch.Tensor:
     run on a GPU; docs/architecture.md, "The square root")."""
     if squares.device.type == "cpu":
         return torch.sqrt(squares)
-    for observe in cache_products.observers:
-        observe("model.exact_root", (squares,))
-    cache_products.on_host.depth = getattr(cache_products.on_host, "depth", 0) + 1
-    try:
+    with cache_products.host_step("model.exact_root", squares):
         return torch.sqrt(squares.cpu()).to(squares.device)
-    finally:
-        cache_products.on_host.depth -= 1
 
 
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
