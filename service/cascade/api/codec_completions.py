@@ -81,11 +81,13 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
         if check is not None:
             check_identity(check, codec, prompts[0])
         ids = await until_disconnect(request, lambda: codec.decode_tokens_from(
-            prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits, any_bytes=True))
+            prompts[0], payload, tokens, tokens, codec_field.top_k, codec_field.precision_bits, any_bytes=True,
+            weighted_escapes=False))
         if check is not None:
             check_tokens(check, ids)
             recoded, _ = await until_disconnect(request, lambda: codec.encode_tokens(
-                prompts[0], ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
+                prompts[0], ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True,
+                weighted_escapes=False))
             check_canonical(payload, recoded)
     except ReplayMismatchError as exc:
         raise APIError(exc.status, str(exc), param=exc.param, code=exc.code) from None
@@ -134,7 +136,8 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
     resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
     rid = request_id(request)
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
-        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True))
+        prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True,
+        weighted_escapes=False))
     text, finish = _sampled_text(request, request_body, prompt, ids, codec)
     body = envelope("completion", rid, settings.model_name, chunk=False)
     body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)]

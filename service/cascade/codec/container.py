@@ -1,8 +1,8 @@
-"""The ``.cz`` container, format version 3: a header, one record per segment, a trailer — as streams.
+"""The ``.cz`` container, format versions 3 and 4: a header, one record per segment, a trailer — as streams.
 
 Layout (integers are unsigned LEB128 varints unless marked; the full table is in docs/codec-format.md)::
 
-    header  = "CSCZ" u8:3 fingerprint[32] numerics(len, ascii) u8:precision top_k vocab lane_tokens
+    header  = "CSCZ" u8:version fingerprint[32] numerics(len, ascii) u8:precision top_k vocab lane_tokens
               params(len, json) context(len, bytes) u32:crc32(header so far)
     coded   = u8:0 tokens orig_len payload_len payload u32:crc32(original) u32:crc32(record so far)
     raw     = u8:1 orig_len original u32:crc32(record so far)
@@ -10,7 +10,10 @@ Layout (integers are unsigned LEB128 varints unless marked; the full table is in
 
 Each record carries its own CRC, so a streaming reader rejects damage as soon as the damaged record
 is complete, and a coded segment's ``crc32(original)`` checks the decoded bytes before any is
-returned; the trailer's count and whole-stream CRC catch a stream cut at a record boundary.
+returned; the trailer's count and whole-stream CRC catch a stream cut at a record boundary. The two
+versions share this layout; they differ in how a payload codes a token outside the top-k (version 4:
+under the exact model's own weights, ``exact/frequencies.escape_tables``; version 3: its uniform rank),
+so a reader hands the version on with the header.
 Varints keep the framing at a few bytes per segment. A reader checks every declared size against
 explicit ``Limits`` before waiting for (or buffering) the bytes, so a hostile container fails fast
 with ``ContainerError`` — never another exception, a hang, or an allocation sized by the input's claims.
@@ -25,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"CSCZ"
-VERSION = 3
+VERSION = 4
+"""What writers write; ``READ_VERSIONS`` what readers read (version 3: every earlier release's containers)."""
+READ_VERSIONS = (3, 4)
 KIND_CODED = 0
 KIND_RAW = 1
 PRECISIONS = (16, 24, 32)
@@ -80,6 +85,12 @@ class Header:
     defect: str | None = field(default=None, compare=False)
     """Why the coding parameters or params cannot be used, when a header passed its CRC with them: a
     reader reports it (``ContainerError``) after the caller's identity checks, which come first."""
+    version: int = VERSION
+    """The format version: 4 codes escaped tokens under the model's weights, 3 by their uniform rank."""
+
+    @property
+    def weighted_escapes(self) -> bool:
+        return self.version >= 4
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,8 @@ def encode_header(header: Header) -> bytes:
     """The header record. Raises ``ValueError`` for a header no reader would accept."""
     numerics = header.numerics.encode("ascii")
     params = canonical_params(header.params)
+    if header.version not in READ_VERSIONS:
+        raise ValueError(f"version must be one of {READ_VERSIONS}")
     if len(header.fingerprint) != FINGERPRINT_BYTES:
         raise ValueError(f"fingerprint must be {FINGERPRINT_BYTES} bytes")
     if header.precision_bits not in PRECISIONS:
@@ -152,7 +165,7 @@ def encode_header(header: Header) -> bytes:
     if not (1 <= header.top_k < header.vocab_size and header.top_k + 1 <= 1 << header.precision_bits
             and header.lane_tokens >= 1):
         raise ValueError("need 1 <= top_k < vocab_size, top_k + 1 <= 2**precision_bits and lane_tokens >= 1")
-    return _crc_tail(MAGIC + bytes([VERSION]) + header.fingerprint + varint(len(numerics)) + numerics
+    return _crc_tail(MAGIC + bytes([header.version]) + header.fingerprint + varint(len(numerics)) + numerics
                      + bytes([header.precision_bits]) + varint(header.top_k) + varint(header.vocab_size)
                      + varint(header.lane_tokens) + varint(len(params)) + params
                      + varint(len(header.context)) + header.context)
@@ -276,11 +289,11 @@ class ContainerReader:
         buf = self._buf
         if not MAGIC.startswith(bytes(buf[:4])):
             raise ContainerError("not a Cascade container (bad magic)", "bad_magic")
-        if len(buf) > 4 and buf[4] != VERSION:
+        if len(buf) > 4 and buf[4] not in READ_VERSIONS:
             hint = (" (version 2 containers were made by the float-kernel codec, which only the machine that "
                     "made them could decode; re-compress the original with this server)") if buf[4] == 2 else ""
-            raise ContainerError(f"unsupported container version {buf[4]}: this server reads version {VERSION}"
-                                 f"{hint}", "unsupported_version")
+            raise ContainerError(f"unsupported container version {buf[4]}: this server reads versions "
+                                 f"{' and '.join(map(str, READ_VERSIONS))}{hint}", "unsupported_version")
         item = self._sized(_FIXED_HEAD, 255, "header numerics name")
         if item is None:
             return None
@@ -324,7 +337,7 @@ class ContainerReader:
         except ContainerError as exc:
             values, defect = {}, defect or str(exc)
         self.header = Header(fingerprint, precision, top_k, vocab, _ascii(numerics), lane_tokens, values, context,
-                             _is_canonical(values, params), defect)
+                             _is_canonical(values, params), defect, raw[4])
         return self.header
 
     def _read_segment(self, kind: int) -> SegmentRecord | None:

@@ -32,11 +32,13 @@ def split_lanes(tokens: Sequence[int], lane_tokens: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class LaneSymbols:
-    """One lane's coded symbols, position by position: table interval and fallback rank (−1: none)."""
+    """One lane's coded symbols, position by position: the table interval and, after an escape, the
+    token's interval out of ``fallback_total`` (``fallback_low`` −1: no escape at that position)."""
 
     low: Sequence[int]
     freq: Sequence[int]
-    rank: Sequence[int]
+    fallback_low: Sequence[int]
+    fallback_freq: Sequence[int]
     fallback_total: int
 
 
@@ -49,9 +51,9 @@ def encode_lanes(lanes: Sequence[LaneSymbols], precision_bits: int) -> bytes:
         for lane in lanes:
             if t < len(lane.low):
                 out += encoder.encode(int(lane.low[t]), int(lane.freq[t]), precision_bits)
-                rank = int(lane.rank[t])
-                if rank >= 0:
-                    out += encoder.encode_with_total(rank, 1, lane.fallback_total)
+                fallback = int(lane.fallback_low[t])
+                if fallback >= 0:
+                    out += encoder.encode_with_total(fallback, int(lane.fallback_freq[t]), lane.fallback_total)
     out += encoder.finish()
     return bytes(out)
 
@@ -82,12 +84,13 @@ class LaneDecoder:
             raise
         self.tokens += 1
 
-    def fallback_rank(self) -> int:
-        """After an escape: the token's rank among the ids outside the top-k."""
-        rank = self.decoder.decode_target_with_total(self.fallback_total)
+    def fallback_target(self) -> int:
+        """After an escape: where the token's fallback interval must contain (``< fallback_total``)."""
+        return self.decoder.decode_target_with_total(self.fallback_total)
+
+    def consume_fallback(self, low: int, freq: int) -> None:
         try:
-            self.decoder.consume_with_total(rank, 1, self.fallback_total)
+            self.decoder.consume_with_total(low, freq, self.fallback_total)
         except PayloadOverrunError as exc:
             exc.tokens = self.tokens - 1
             raise
-        return rank

@@ -23,6 +23,7 @@ from cascade_common.ordered import ordered
 from cascade.codec.container import (
     KIND_CODED,
     KIND_RAW,
+    VERSION,
     ContainerError,
     ContainerReader,
     ContainerWriter,
@@ -39,7 +40,10 @@ from cascade.codec.segmenter import Segment, Segmenter
 if TYPE_CHECKING:
     from cascade.codec.exact.runner import ExactRunner
 
-REFERENCE_CONTAINER = Path(__file__).with_name("exact") / "reference.cz"
+REFERENCE_CONTAINERS = {3: Path(__file__).with_name("exact") / "reference.cz",
+                        4: Path(__file__).with_name("exact") / "reference_v4.cz"}
+"""The self-test sample's container, per format version, as the reference machine wrote it for the
+default model (version 3 by release ddd10e1)."""
 SELF_TEST_TEXT = ('import os\n\n\ndef read_config(path):\n    """Read a key=value file into a dict."""\n'
                   "    result = {}\n    with open(path) as handle:\n        for line in handle:\n"
                   "            key, _, value = line.partition('=')\n            result[key.strip()] = value.strip()\n"
@@ -176,19 +180,20 @@ class CodecPipeline:
         return self.max_positions - context_tokens
 
     async def encode_tokens(self, prompt: list[int], tokens: list[int], lane_tokens: int, top_k: int,
-                            precision_bits: int, any_bytes: bool = False, request: object | None = None
-                            ) -> tuple[bytes, float]:
+                            precision_bits: int, any_bytes: bool = False, request: object | None = None, *,
+                            weighted_escapes: bool) -> tuple[bytes, float]:
         """One coded segment: ``(payload, the model's ideal bits)``. ``any_bytes``: the code is for a
         decoder that reads zeros past its end without bound (``decode_tokens_from(any_bytes=True)``,
         the codec on /v1/completions), so every trailing zero is dropped — the inverse of decoding
-        arbitrary bytes gives those bytes back, as release ddd10e1 did."""
+        arbitrary bytes gives those bytes back, as release ddd10e1 did. ``weighted_escapes``: container
+        version 4 (``Header.weighted_escapes``); replay objects code escapes as version 3 did."""
         coded = await self._runner().encode(prompt, split_lanes(tokens, lane_tokens), top_k, precision_bits,
-                                            request=request)
+                                            request=request, weighted_escapes=weighted_escapes)
         return coded.payload.rstrip(b"\0") if any_bytes else coded.payload, coded.ideal_bits
 
     async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
                                  top_k: int, precision_bits: int, any_bytes: bool = False,
-                                 request: object | None = None) -> list[int]:
+                                 request: object | None = None, *, weighted_escapes: bool) -> list[int]:
         """``tokens`` tokens decoded from ``payload``; raises ``PayloadOverrunError`` when the payload ends
         before them, unless ``any_bytes`` (decode mode turning arbitrary bytes into text): then the
         payload is read as if followed by zeros — padded here with the most a decoder can read, 8
@@ -196,7 +201,7 @@ class CodecPipeline:
         if any_bytes:
             payload += bytes(8 * (tokens + 1))
         lanes = await self._runner().decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
-                                            precision_bits, request=request)
+                                            precision_bits, request=request, weighted_escapes=weighted_escapes)
         return [t for lane in lanes for t in lane]
 
     async def compress(self, chunks: AsyncIterator[bytes], options: CompressOptions, stats: CompressStats,
@@ -240,14 +245,14 @@ class CodecPipeline:
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             tokens = segment.tokens
             payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
-                                                      options.precision_bits, request=request)
+                                                      options.precision_bits, request=request, weighted_escapes=True)
             if stored_raw_is_smaller(len(tokens), segment.data, payload):
                 stats.raw_segments += 1
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             if options.verify:
                 back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
-                                                     options.precision_bits, request=request)
+                                                     options.precision_bits, request=request, weighted_escapes=True)
                 if back != tokens:
                     raise IntegrityError(f"verification failed: segment {stats.segments} did not decode back")
             stats.tokens += len(tokens)
@@ -319,7 +324,8 @@ class CodecPipeline:
                                          f"tokens for {record.original_length} bytes")
                 try:
                     tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
-                                                           header.top_k, header.precision_bits, request=request)
+                                                           header.top_k, header.precision_bits, request=request,
+                                                           weighted_escapes=header.weighted_escapes)
                 except PayloadOverrunError as exc:
                     raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
                 data = self.decode_tokens(tokens).encode("utf-8")
@@ -351,19 +357,27 @@ class CodecPipeline:
         decoded = b"".join([data async for _, data in self.decompress(packed(), "selftest")])
         if decoded != SELF_TEST_TEXT.encode():
             raise IntegrityError("self-test text did not round-trip")
-        self._check_reference(container)
+        await self._check_reference(container)
 
-    def _check_reference(self, container: bytes) -> None:
-        """Known answer: for the default model, the sample's container must equal, byte for byte, the
-        one the reference machine wrote (``exact/reference.cz``) — a machine whose arithmetic differed
-        would make containers no other machine opens, so its codec stays off."""
-        reference = REFERENCE_CONTAINER.read_bytes()
-        header = ContainerReader().feed(reference)[0]
+    async def _check_reference(self, container: bytes) -> None:
+        """Known answers, for the default model: the sample's container must equal, byte for byte, the
+        one the reference machine wrote (``exact/reference_v4.cz``) — a machine whose arithmetic
+        differed would make containers no other machine opens, so its codec stays off — and the
+        earlier releases' version-3 container of it (``exact/reference.cz``) must decode to the sample,
+        so the version-3 reading path is proven at every start too."""
+        references = {version: path.read_bytes() for version, path in REFERENCE_CONTAINERS.items()}
+        header = ContainerReader().feed(references[VERSION])[0]
         assert isinstance(header, Header)
-        if header.fingerprint == self.fingerprint and header.numerics == self.numerics \
-                and container != reference:
+        if header.fingerprint != self.fingerprint or header.numerics != self.numerics:
+            return
+        if container != references[VERSION]:
             raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
-                                 "(the self-test container differs from exact/reference.cz)")
+                                 f"(the self-test container differs from exact/{REFERENCE_CONTAINERS[VERSION].name})")
+        async def version_3() -> AsyncIterator[bytes]:
+            yield references[3]
+
+        if b"".join([data async for _, data in self.decompress(version_3(), "selftest")]) != SELF_TEST_TEXT.encode():
+            raise IntegrityError("the reference version-3 container (exact/reference.cz) did not decode to the sample")
 
 
 def stored_raw_is_smaller(tokens: int, original: bytes, payload: bytes) -> bool:

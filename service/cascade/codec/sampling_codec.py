@@ -103,7 +103,8 @@ class SamplingEncoder:
             return []
         self.finished = True
         self.data, _ = await self.codec.encode_tokens(self.prompt, self.token_ids, len(self.token_ids), self.top_k,
-                                                      self.precision_bits, any_bytes=True)
+                                                      self.precision_bits, any_bytes=True,
+                                                      weighted_escapes=False)
         return [base64.b64encode(self.data).decode()]
 
     def summary(self) -> dict[str, Any]:

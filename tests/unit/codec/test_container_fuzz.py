@@ -33,7 +33,8 @@ from cascade.codec.container import (
     parse_container,
     varint,
 )
-from cascade.codec.exact.frequencies import frequency_tables, rank_to_token
+from cascade.codec.exact.frequencies import ESCAPE_BITS, frequency_tables
+from cascade.codec.exact.runner import escaped_token
 from cascade.codec.lanes import LaneDecoder
 from cascade.codec.range_coder import MAX_OVERRUN, PayloadOverrunError
 from hypothesis import HealthCheck, example, given, settings
@@ -227,24 +228,27 @@ def test_more_segments_than_the_limit_fail_at_the_first_one_over(count: int) -> 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64), st.lists(st.integers(1, 30), min_size=1, max_size=6), st.integers(2, 9000),
-       st.integers(1, 64), st.sampled_from([16, 24, 32]), st.integers(0, 2**32 - 1))
+       st.integers(1, 64), st.sampled_from([16, 24, 32]), st.integers(0, 2**32 - 1), st.booleans())
 def test_decoding_random_payloads_gives_tokens_or_an_overrun_error(payload: bytes, lengths: list[int], vocab: int,
-                                                                   k: int, precision: int, seed: int) -> None:
+                                                                   k: int, precision: int, seed: int,
+                                                                   weighted: bool) -> None:
     """What the exact runner does with a forged payload: any bytes decode to *some* in-vocabulary tokens,
     lane by lane (the segment's CRC then rejects them), or stop with ``PayloadOverrunError`` once the
-    decoder reads past the payload further than a valid stream ever is — never another exception."""
+    decoder reads past the payload further than a valid stream ever is — never another exception.
+    Escapes as both container versions code them (``weighted``: version 4)."""
     TRIED["decode_step"] += 1
     try:
-        _decode_random(payload, lengths, vocab, k, precision, seed)
+        _decode_random(payload, lengths, vocab, k, precision, seed, weighted)
     except PayloadOverrunError as exc:
         OUTCOMES["payload_overrun"] += 1
         assert exc.read_past == MAX_OVERRUN + 1 and exc.tokens is not None and exc.tokens >= 0
 
 
-def _decode_random(payload: bytes, lengths: list[int], vocab: int, k: int, precision: int, seed: int) -> None:
+def _decode_random(payload: bytes, lengths: list[int], vocab: int, k: int, precision: int, seed: int,
+                   weighted: bool) -> None:
     rng = np.random.default_rng(seed)
     k = min(k, vocab - 1)
-    decoder = LaneDecoder(payload, precision, vocab - k)
+    decoder = LaneDecoder(payload, precision, 1 << ESCAPE_BITS if weighted else vocab - k)
     for t in range(max(lengths)):
         for n in lengths:
             if t >= n:
@@ -254,7 +258,7 @@ def _decode_random(payload: bytes, lengths: list[int], vocab: int, k: int, preci
             row = cdf[0].numpy()
             symbol = min(max(int(np.searchsorted(row, decoder.target(), side="right")) - 1, 0), k)
             decoder.consume(int(row[symbol]), int(row[symbol + 1] - row[symbol]))
-            token = int(ids[0, symbol]) if symbol < k else rank_to_token(ids[0].numpy(), decoder.fallback_rank())
+            token = int(ids[0, symbol]) if symbol < k else escaped_token(decoder, logits, ids[0].numpy(), weighted)
             assert 0 <= token < vocab
 
 

@@ -1,5 +1,5 @@
 """The op audit: the decision path of every model of the test matrix (prefill, decode steps through
-the KV cache, logits, frequency tables) runs only reviewed aten ops, dtypes and argument forms."""
+the KV cache, logits, frequency and escape tables) runs only reviewed aten ops, dtypes and argument forms."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 from cascade.codec.exact import cache_products, fused
 from cascade.codec.exact.audit import ALLOWED, KERNELS, OpAudit, allow_list_markdown, cast_list_markdown
+from cascade.codec.exact.frequencies import escape_tables, frequency_tables
 
 from tests.unit.codec.numerics_matrix import load, model_names, record
 
@@ -21,6 +22,8 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
     model = load(name, kernels=kernels)
     with OpAudit(model.device) as audit:
         record(model)
+        logits = model.logits(model.prefill([[1, 2, 3, 4, 5]]))
+        escape_tables(logits, frequency_tables(logits, 3, 32)[0])
     assert not audit.violations, sorted(audit.violations)
     products = audit.calls.get("aten.mm.default", 0) + audit.calls.get("aten._int_mm.default", 0)
     assert products > 0 and audit.calls["aten.bmm.default"] > 0

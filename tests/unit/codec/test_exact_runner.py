@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import cascade.codec.exact.runner as runner_module
 import pytest
@@ -14,6 +16,7 @@ from cascade.codec.exact.runner import ExactRunner, SegmentTooLargeError
 from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes, lane_lengths, split_lanes
 
 from tests.unit.codec.exact_fixtures import tiny_model
+from tests.unit.codec.numerics_matrix import PYCODER, pycoder
 
 VOCAB = tiny_model().config.vocab_size
 
@@ -56,6 +59,41 @@ def test_a_segment_with_more_lanes_than_rows_still_decodes() -> None:
         coded = asyncio.run(runner.encode([1, 5], split_lanes(tokens, 10), 16, 32))
         back = asyncio.run(runner.decode([1, 5], lane_lengths(70, 10), coded.payload, 16, 32))
         assert [t for x in back for t in x] == tokens
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["version 4", "version 3"])
+def test_escaped_tokens_round_trip_as_either_container_version_codes_them(weighted: bool) -> None:
+    runner = _runner(max_rows=3)
+    tokens = _tokens(11, 90)
+    try:
+        coded = asyncio.run(runner.encode([1], split_lanes(tokens, 20), 2, 24, weighted_escapes=weighted))
+        other = asyncio.run(runner.encode([1], split_lanes(tokens, 20), 2, 24, weighted_escapes=not weighted))
+        back = asyncio.run(runner.decode([1], lane_lengths(90, 20), coded.payload, 2, 24, weighted_escapes=weighted))
+        assert [t for x in back for t in x] == tokens
+        assert coded.payload != other.payload
+    finally:
+        runner.close()
+
+
+def test_version_4_codes_text_in_fewer_bytes_than_version_3_at_the_models_own_cross_entropy() -> None:
+    """Escapes under the model's weights: the default model's code for real Python text is shorter than
+    with uniform escape ranks, and within 0.5 % of the model's own cross-entropy."""
+    from transformers import AutoTokenizer
+
+    model = pycoder()
+    tokens = AutoTokenizer.from_pretrained(str(PYCODER)).encode(
+        Path(json.__file__).read_text()[:6000], add_special_tokens=False)
+    runner = ExactRunner(model, model.config.vocab_size, max_rows=8)
+    try:
+        lanes = split_lanes(tokens, 200)
+        v4 = asyncio.run(runner.encode([1], lanes, 64, 32, weighted_escapes=True))
+        v3 = asyncio.run(runner.encode([1], lanes, 64, 32, weighted_escapes=False))
+        back = asyncio.run(runner.decode([1], [len(x) for x in lanes], v4.payload, 64, 32))
+        assert back == lanes
+        assert len(v4.payload) < len(v3.payload)
+        assert 8 * len(v4.payload) < 1.005 * v4.ideal_bits + 64
     finally:
         runner.close()
 

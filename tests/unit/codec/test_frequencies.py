@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -123,3 +124,53 @@ def test_the_compiled_tables_handle_a_flat_row_and_a_real_vocabulary() -> None:
         finally:
             frequencies.COMPILED = True
         assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(LOGITS, st.data())
+def test_escape_tables_sum_to_two_to_the_32_with_one_for_each_top_k_id_and_at_least_one_for_the_rest(
+        row: list[int], data: st.DataObject) -> None:
+    k = data.draw(st.integers(1, len(row) - 1))
+    logits = torch.tensor([row])
+    ids, _ = frequency_tables(logits, k, 32)
+    cdf = frequencies.escape_tables(logits, ids)[0]
+    freq = (cdf[1:] - cdf[:-1]).tolist()
+    assert int(cdf[0]) == 0 and int(cdf[-1]) == 1 << frequencies.ESCAPE_BITS
+    top = set(ids[0].tolist())
+    assert all(f == 1 for i, f in enumerate(freq) if i in top)
+    assert all(f >= 1 for i, f in enumerate(freq) if i not in top)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(LOGITS.filter(lambda r: len(r) == 12), min_size=2, max_size=8))
+def test_a_row_gets_the_same_escape_table_alone_and_in_any_batch(rows: list[list[int]]) -> None:
+    batch = torch.tensor(rows)
+    ids, _ = frequency_tables(batch, 4, 24)
+    cdf = frequencies.escape_tables(batch, ids)
+    for i, row in enumerate(rows):
+        assert torch.equal(frequencies.escape_tables(torch.tensor([row]), ids[i:i + 1])[0], cdf[i])
+
+
+def test_escape_tables_follow_the_softmax_outside_the_top_k() -> None:
+    """The point of container version 4: an escaped token costs what the model says it should, not
+    log2(vocab − k) bits."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 3, size=(20, 500))
+    ids, _ = frequency_tables(torch.from_numpy(np.rint(logits * 65536).astype(np.int64)), 16, 32)
+    cdf = frequencies.escape_tables(torch.from_numpy(np.rint(logits * 65536).astype(np.int64)), ids).numpy()
+    for r in range(20):
+        outside = np.setdiff1d(np.arange(500), ids[r].numpy())
+        probs = np.exp(logits[r, outside] - logits[r].max())
+        probs /= probs.sum()
+        coded = np.diff(cdf[r])[outside] / 2**32
+        assert np.allclose(coded, probs, atol=1e-6, rtol=2e-3)
+
+
+def test_escape_tables_are_the_pinned_integers() -> None:
+    """Version 4 containers depend on these integers: any change to the tables is a new format."""
+    rng = np.random.default_rng(4)
+    logits = torch.from_numpy(rng.integers(-(40 << 16), 40 << 16, size=(6, 3000)))
+    ids, _ = frequency_tables(logits, 64, 24)
+    cdf = frequencies.escape_tables(logits, ids)
+    pinned = "26a02cfa2bce27a934b32c93b7aa2f6c7c5248d342fd7995b51c6319cfeeea63"
+    assert hashlib.sha256(cdf.numpy().tobytes()).hexdigest() == pinned

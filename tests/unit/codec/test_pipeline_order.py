@@ -38,13 +38,13 @@ class ReverseFinishingRunner:
         self.started = 0
 
     async def encode(self, prompt: Sequence[int], lanes: Sequence[Sequence[int]], top_k: int,
-                     precision_bits: int, request: object = None) -> EncodedSegment:
+                     precision_bits: int, request: object = None, *, weighted_escapes: bool = True) -> EncodedSegment:
         self.started += 1
         await asyncio.sleep(0.05 / self.started)
         return EncodedSegment(b"".join(bytes(lane) for lane in lanes), sum(len(lane) for lane in lanes), 0.0)
 
     async def decode(self, prompt: Sequence[int], lengths: Sequence[int], payload: bytes, top_k: int,
-                     precision_bits: int, request: object = None) -> list[list[int]]:
+                     precision_bits: int, request: object = None, *, weighted_escapes: bool = True) -> list[list[int]]:
         await asyncio.sleep(0)
         out, start = [], 0
         for n in lengths:

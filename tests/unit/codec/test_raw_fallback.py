@@ -22,13 +22,13 @@ class ScalingRunner:
         self.width = width
 
     async def encode(self, prompt: Sequence[int], lanes: Sequence[Sequence[int]], top_k: int,
-                     precision_bits: int, request: object = None) -> EncodedSegment:
+                     precision_bits: int, request: object = None, *, weighted_escapes: bool = True) -> EncodedSegment:
         flat = [t for lane in lanes for t in lane]
         payload = bytes(flat[::2]) if self.width == 0 else bytes(t for t in flat for _ in range(self.width))
         return EncodedSegment(payload, len(flat), 0.0)
 
     async def decode(self, prompt: Sequence[int], lengths: Sequence[int], payload: bytes, top_k: int,
-                     precision_bits: int, request: object = None) -> list[list[int]]:
+                     precision_bits: int, request: object = None, *, weighted_escapes: bool = True) -> list[list[int]]:
         raise AssertionError("only coded segments are decoded by the runner")
 
 

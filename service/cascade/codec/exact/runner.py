@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from cascade.codec.container import ContainerError
 from cascade.codec.exact.cohort import Cohort, bytes_per_row_position
-from cascade.codec.exact.frequencies import frequency_tables, rank_to_token, token_intervals
+from cascade.codec.exact.frequencies import ESCAPE_BITS, escape_tables, frequency_tables, rank_to_token, token_intervals
 from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama
 from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
 
@@ -144,6 +145,7 @@ class _Job:
     prompt: list[int]
     top_k: int
     precision_bits: int
+    weighted_escapes: bool
     queued_step: int
     future: Future[Any] = field(default_factory=Future)
     cancelled: bool = False
@@ -153,7 +155,8 @@ class _Job:
 @dataclass(eq=False)
 class _EncodeJob(_Job):
     lanes: list[list[int]] = field(default_factory=list)
-    columns: list[tuple[list[int], list[int], list[int], list[float]] | None] = field(default_factory=list)
+    columns: list[tuple[list[int], list[int], list[int], list[int], list[float]] | None] = field(
+        default_factory=list)
     next_lane: int = 0
     pending: int = 0
 
@@ -175,6 +178,19 @@ def ideal_bits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     z = logits.to(torch.float32) * 2.0**-LOGIT_FRACTION_BITS
     bits = (torch.logsumexp(z, dim=1) - z.gather(1, tokens[:, None])[:, 0]) / math.log(2)
     return bits.to(torch.float64)
+
+
+def escaped_token(coder: LaneDecoder, logits: torch.Tensor, row_ids: npt.NDArray[np.int64], weighted: bool) -> int:
+    """The token after an escape, for the row of ``logits`` (1, vocab) whose top-k ids are ``row_ids``:
+    bisected in its ``escape_tables`` (container version 4), or from its uniform rank (version 3)."""
+    if not weighted:
+        rank = coder.fallback_target()
+        coder.consume_fallback(rank, 1)
+        return rank_to_token(row_ids, rank)
+    cdf = escape_tables(logits, torch.from_numpy(row_ids).to(logits.device)[None])[0].tolist()
+    token = bisect.bisect_right(cdf, coder.fallback_target()) - 1
+    coder.consume_fallback(cdf[token], cdf[token + 1] - cdf[token])
+    return token
 
 
 class ExactRunner:
@@ -208,8 +224,11 @@ class ExactRunner:
 
     # -- front ------------------------------------------------------------------------------------
     async def encode(self, prompt: Sequence[int], lanes: Sequence[Sequence[int]], top_k: int,
-                     precision_bits: int, request: object | None = None) -> EncodedSegment:
-        """Code ``lanes`` (each conditioned on ``prompt``) into one interleaved stream."""
+                     precision_bits: int, request: object | None = None, *, weighted_escapes: bool = True
+                     ) -> EncodedSegment:
+        """Code ``lanes`` (each conditioned on ``prompt``) into one interleaved stream. An escaped token is
+        coded under ``escape_tables`` (``weighted_escapes``: container version 4) or as its uniform rank
+        among the ids outside the top-k (version 3 and replay objects)."""
         tokens = [list(lane) for lane in lanes]
         self._check(prompt, top_k, precision_bits, [t for lane in tokens for t in lane])
         if any(not lane for lane in tokens):
@@ -218,15 +237,17 @@ class ExactRunner:
             raise ValueError(f"prompt + lane exceed the model's {self.model.max_positions} positions")
         if not tokens:
             return EncodedSegment(encode_lanes([], precision_bits), 0, 0.0)
-        job = _EncodeJob(self._request(request), list(prompt), top_k, precision_bits, 0, lanes=tokens,
+        job = _EncodeJob(self._request(request), list(prompt), top_k, precision_bits, weighted_escapes, 0, lanes=tokens,
                          columns=[None] * len(tokens), pending=len(tokens))
         self._enqueue(job)
         result: EncodedSegment = await self._wait(job)
         return result
 
     async def decode(self, prompt: Sequence[int], lengths: Sequence[int], payload: bytes, top_k: int,
-                     precision_bits: int, request: object | None = None) -> list[list[int]]:
-        """The lanes' tokens from ``payload`` (lane ``i`` holds ``lengths[i]`` tokens)."""
+                     precision_bits: int, request: object | None = None, *, weighted_escapes: bool = True
+                     ) -> list[list[int]]:
+        """The lanes' tokens from ``payload`` (lane ``i`` holds ``lengths[i]`` tokens), escapes read as
+        ``encode`` wrote them."""
         lengths = [int(n) for n in lengths]
         self._check(prompt, top_k, precision_bits, [])
         if any(n < 0 for n in lengths):
@@ -242,7 +263,8 @@ class ExactRunner:
                 f"a segment of {rows} lanes × {need} positions needs "
                 f"{rows * need * self.row_position_bytes / 2**20:.0f} MiB of decode cache, more than this "
                 f"server's budget of {self.kv_budget_bytes / 2**20:.0f} MiB (codec_kv_budget_mib)")
-        job = _DecodeJob(self._request(request), list(prompt), top_k, precision_bits, 0, lengths=lengths,
+        job = _DecodeJob(self._request(request), list(prompt), top_k, precision_bits, weighted_escapes, 0,
+                         lengths=lengths,
                          payload=bytes(payload), need=need, rows=rows)
         self._enqueue(job)
         result: list[list[int]] = await self._wait(job)
@@ -438,7 +460,7 @@ class ExactRunner:
                 self._finish(job, error=RunnerClosedError("the request was cancelled"))
                 continue
             try:
-                job.coder = LaneDecoder(job.payload, job.precision_bits, self.vocab_size - job.top_k)
+                job.coder = LaneDecoder(job.payload, job.precision_bits, self._fallback_total(job))
             except Exception as exc:
                 self._finish(job, error=exc)
                 continue
@@ -515,7 +537,7 @@ class ExactRunner:
                     token = ids_of[at_ids + symbol]
                 else:
                     row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
-                    token = rank_to_token(row_ids, coder.fallback_rank())
+                    token = escaped_token(coder, logits[i:i + 1], row_ids, job.weighted_escapes)
             except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
                 self._finish(job, error=exc)
                 continue
@@ -530,6 +552,9 @@ class ExactRunner:
                     self.stats.events.append(("decode-done", job.request.key, job.queued_step, self.stats.steps))
                     self._finish(job, job.decoded)
         return torch.tensor(picked, dtype=torch.int64), [i for i in keep if not owners[i].done]
+
+    def _fallback_total(self, job: _Job) -> int:
+        return 1 << ESCAPE_BITS if job.weighted_escapes else self.vocab_size - job.top_k
 
     def _encode_chunk(self, chunk: list[tuple[_EncodeJob, int]]) -> None:
         live = [(job, lane) for job, lane in chunk if lane >= 0 and not job.cancelled]
@@ -553,7 +578,9 @@ class ExactRunner:
                 finished.append(job)
         for job in finished:
             mine = [c for c in job.columns if c is not None]
-            symbols = [LaneSymbols(low, freq, rank, self.vocab_size - job.top_k) for low, freq, rank, _ in mine]
+            total = self._fallback_total(job)
+            symbols = [LaneSymbols(low, freq, fallback_low, fallback_freq, total)
+                       for low, freq, fallback_low, fallback_freq, _ in mine]
             try:
                 result = EncodedSegment(encode_lanes(symbols, job.precision_bits),
                                         sum(len(x) for x in job.lanes), sum(sum(bits) for *_, bits in mine))
@@ -567,8 +594,9 @@ class ExactRunner:
         self.stats.encode_coder_seconds += time.perf_counter() - coded
 
     def _lane_symbols(self, lanes: list[tuple[_EncodeJob, list[int]]]
-                      ) -> list[tuple[list[int], list[int], list[int], list[float]]]:
-        """One prefill pass: per lane, each token's (low, freq, fallback rank, ideal bits)."""
+                      ) -> list[tuple[list[int], list[int], list[int], list[int], list[float]]]:
+        """One prefill pass: per lane, each token's (low, freq, fallback low (−1: none), fallback freq,
+        ideal bits)."""
         sequences = [job.prompt + lane[:-1] for job, lane in lanes]
         hidden = self.model.prefill(sequences)
         starts = np.cumsum([0] + [len(s) for s in sequences[:-1]])
@@ -578,10 +606,12 @@ class ExactRunner:
         hidden = hidden[torch.from_numpy(picks).to(device)]
         wanted = torch.tensor([t for _, lane in lanes for t in lane], dtype=torch.int64, device=device)
         row_lane = np.repeat(np.arange(len(lanes)), [len(lane) for _, lane in lanes])
-        row_settings = [(lanes[i][0].top_k, lanes[i][0].precision_bits) for i in row_lane]
+        row_settings = [(lanes[i][0].top_k, lanes[i][0].precision_bits, lanes[i][0].weighted_escapes)
+                        for i in row_lane]
         low_all = torch.zeros(hidden.shape[0], dtype=torch.int64, device=device)
         freq_all = torch.zeros_like(low_all)
-        rank_all = torch.zeros_like(low_all)
+        fallback_low_all = torch.zeros_like(low_all)
+        fallback_freq_all = torch.zeros_like(low_all)
         bits_all = torch.zeros(hidden.shape[0], dtype=torch.float64, device=device)
         # Logits in slices of ~2**20 values: the full-vocabulary passes stay in reused heap memory
         # (a 1,024-row slice of a 49k vocabulary took 3× longer per row, mostly fresh pages).
@@ -591,15 +621,26 @@ class ExactRunner:
             tokens = wanted[a:a + block]
             bits_all[a:a + tokens.shape[0]] = ideal_bits(logits, tokens)
             here = row_settings[a:a + block]
-            for top_k, precision in set(here):
-                rows = torch.from_numpy(np.flatnonzero([x == (top_k, precision) for x in here])).to(device)
+            for top_k, precision, weighted in set(here):
+                rows = torch.from_numpy(np.flatnonzero([x == (top_k, precision, weighted) for x in here])).to(device)
                 ids, cdf = frequency_tables(logits[rows], top_k, precision)
                 low, freq, rank = token_intervals(ids, cdf, tokens[rows], self.vocab_size)
-                low_all[rows + a], freq_all[rows + a], rank_all[rows + a] = low, freq, rank
+                fallback_low, fallback_freq = rank, torch.ones_like(rank)
+                escaped = torch.from_numpy(np.flatnonzero(rank.cpu().numpy() >= 0)).to(device)
+                if weighted and escaped.numel():
+                    escape_cdf = escape_tables(logits[rows[escaped]], ids[escaped])
+                    token = tokens[rows[escaped]][:, None]
+                    fallback_low = fallback_low.clone()
+                    fallback_low[escaped] = escape_cdf.gather(1, token)[:, 0]
+                    fallback_freq[escaped] = escape_cdf.gather(1, token + 1)[:, 0] - fallback_low[escaped]
+                low_all[rows + a], freq_all[rows + a] = low, freq
+                fallback_low_all[rows + a], fallback_freq_all[rows + a] = fallback_low, fallback_freq
         out, start = [], 0
-        lows, freqs, ranks, ideals = low_all.tolist(), freq_all.tolist(), rank_all.tolist(), bits_all.tolist()
+        lows, freqs, ideals = low_all.tolist(), freq_all.tolist(), bits_all.tolist()
+        fallback_lows, fallback_freqs = fallback_low_all.tolist(), fallback_freq_all.tolist()
         for _, lane in lanes:
             end = start + len(lane)
-            out.append((lows[start:end], freqs[start:end], ranks[start:end], ideals[start:end]))
+            out.append((lows[start:end], freqs[start:end], fallback_lows[start:end], fallback_freqs[start:end],
+                        ideals[start:end]))
             start = end
         return out
