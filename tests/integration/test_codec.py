@@ -46,6 +46,14 @@ def test_text_round_trips_byte_exactly(service: Service, name: str) -> None:
     assert r.content == data
 
 
+def test_the_service_writes_version_4_and_its_escapes_come_back_exactly(service: Service) -> None:
+    """At top-k 2 most tokens escape, so nearly every symbol goes through the version-4 escape tables."""
+    data = TEXTS["python"].encode("utf-8")
+    container = _compress(service, data, top_k=2)
+    assert container[:5] == b"CSCZ\x04"
+    assert _decompress(service, container).content == data
+
+
 def test_non_utf8_bytes_round_trip_through_raw_segments(service: Service) -> None:
     data = b"valid line\n\xff\xfe\x80 not utf-8\n" + bytes(range(256))
     assert _decompress(service, _compress(service, data)).content == data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import struct
 import zlib
@@ -142,6 +143,22 @@ def test_trailing_garbage_wrong_magic_and_wrong_version_are_named() -> None:
     with pytest.raises(ContainerError, match="version") as info:
         parse_container(SAMPLE[:4] + bytes([VERSION + 1]) + SAMPLE[5:])
     assert info.value.code == "unsupported_version"
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_both_readable_versions_round_trip_and_readers_hand_the_version_on(version: int) -> None:
+    header = dataclasses.replace(HEADER, version=version)
+    data = _container(header, SEGMENTS)
+    assert data[4] == version
+    parsed = parse_container(data)
+    assert parsed.header == header and parsed.header.weighted_escapes == (version == 4)
+    assert data[5:] == SAMPLE[5:] if version == VERSION else len(data) == len(SAMPLE)
+
+
+def test_writers_write_version_4_and_refuse_a_version_no_reader_reads() -> None:
+    assert VERSION == 4 and SAMPLE[4] == 4
+    with pytest.raises(ValueError, match="version"):
+        encode_header(dataclasses.replace(HEADER, version=5))
 
 
 def test_version_2_containers_get_a_clear_error_that_names_the_version() -> None:
