@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cascade.codec.exact import cache_products, fused
+from cascade.codec.exact import cache_products, frequencies, fused
 from cascade.codec.exact.audit import ALLOWED, KERNELS, OpAudit, allow_list_markdown, cast_list_markdown
 from cascade.codec.exact.frequencies import escape_tables, frequency_tables
 
@@ -33,6 +33,16 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
         assert audit.calls["cache_products.scores"] > 0 and audit.calls["cache_products.weighted"] > 0
         if fused.usable(model.device):
             assert all(audit.calls.get(name, 0) > 0 for name in KERNELS if name.startswith(("fused.", "frequencies.")))
+
+
+def test_the_torch_escape_tables_a_gpu_runs_use_only_reviewed_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the CPU the escape tables (container version 4) are torch int64 ops, not the compiled loop."""
+    monkeypatch.setattr(frequencies, "COMPILED", False)
+    logits = torch.randint(-(20 << 16), 20 << 16, (3, 500), dtype=torch.int64)
+    with OpAudit(logits.device) as audit:
+        escape_tables(logits, frequency_tables(logits, 16, 32)[0])
+    assert not audit.violations, sorted(audit.violations)
+    assert audit.calls["aten.cumsum.default"] > 0 and "frequencies.compiled_escape_tables" not in audit.calls
 
 
 def test_the_audit_catches_a_python_number_divisor_an_unreviewed_op_and_a_long_float32_sum() -> None:

@@ -126,6 +126,37 @@ def test_the_compiled_tables_handle_a_flat_row_and_a_real_vocabulary() -> None:
         assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])
 
 
+@pytest.mark.skipif(not frequencies.COMPILED, reason="numba is not installed")
+@settings(max_examples=200, deadline=None)
+@given(st.lists(WIDE, min_size=1, max_size=6), st.integers(1, 299))
+def test_the_compiled_escape_tables_equal_torchs_integers(rows: list[list[int]], k: int) -> None:
+    width = min(len(r) for r in rows)
+    logits = torch.tensor([r[:width] for r in rows])
+    ids, _ = frequency_tables(logits, min(k, width - 1), 24)
+    compiled = frequencies.escape_tables(logits, ids)
+    frequencies.COMPILED = False
+    try:
+        expected = frequencies.escape_tables(logits, ids)
+    finally:
+        frequencies.COMPILED = True
+    assert torch.equal(compiled, expected)
+
+
+@pytest.mark.skipif(not frequencies.COMPILED, reason="numba is not installed")
+def test_the_compiled_escape_tables_handle_a_flat_row_and_a_real_vocabulary() -> None:
+    flat = torch.zeros(2, 49152, dtype=torch.int64)
+    spread = (torch.randn(3, 49152, generator=torch.Generator().manual_seed(3)) * 5 * 65536).to(torch.int64)
+    for logits in (flat, spread):
+        ids, _ = frequency_tables(logits, 1024, 32)
+        compiled = frequencies.escape_tables(logits, ids)
+        frequencies.COMPILED = False
+        try:
+            expected = frequencies.escape_tables(logits, ids)
+        finally:
+            frequencies.COMPILED = True
+        assert torch.equal(compiled, expected)
+
+
 @settings(max_examples=200, deadline=None)
 @given(LOGITS, st.data())
 def test_escape_tables_sum_to_two_to_the_32_with_one_for_each_top_k_id_and_at_least_one_for_the_rest(

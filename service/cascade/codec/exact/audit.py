@@ -162,6 +162,9 @@ KERNELS: dict[str, Allowed] = {
                                 "row copied to the CPU and back, exactly; its ops are checked, not their device"),
     "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
                                            "per row (numba): int64 arithmetic within its bounds, nothing rounds"),
+    "frequencies.compiled_escape_tables": Allowed(frozenset({I64}), "the escape tables of frequencies.py (container "
+                                                  "version 4) in one loop per row (numba): int64 arithmetic within "
+                                                  "its bounds, nothing rounds"),
     **{f"fused.{name}": Allowed(dtypes, "the torch path's elementwise operations in its order, compiled without "
                                         f"fast-math (machine code checked for FMA at load): {why}")
        for name, dtypes, why in (

@@ -187,9 +187,10 @@ def escaped_token(coder: LaneDecoder, logits: torch.Tensor, row_ids: npt.NDArray
         rank = coder.fallback_target()
         coder.consume_fallback(rank, 1)
         return rank_to_token(row_ids, rank)
-    cdf = escape_tables(logits, torch.from_numpy(row_ids).to(logits.device)[None])[0].tolist()
-    token = bisect.bisect_right(cdf, coder.fallback_target()) - 1
-    coder.consume_fallback(cdf[token], cdf[token + 1] - cdf[token])
+    cdf = escape_tables(logits, torch.from_numpy(row_ids).to(logits.device)[None])[0].cpu().numpy()
+    token = int(np.searchsorted(cdf, coder.fallback_target(), side="right")) - 1
+    low = int(cdf[token])
+    coder.consume_fallback(low, int(cdf[token + 1]) - low)
     return token
 
 
