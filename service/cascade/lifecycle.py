@@ -71,7 +71,8 @@ class Gateway:
         self.engines = EngineManager(s)
         limits = Limits(max_segments=s.codec_max_segments, max_total_original=s.codec_max_output_bytes,
                         max_context=s.codec_max_context_bytes)
-        self.codec = CodecPipeline(s.max_model_len, s.codec_segments_in_flight, limits)
+        self.codec = CodecPipeline(s.max_model_len, s.codec_segments_in_flight, limits,
+                                   write_version=s.codec_container_version)
         if not s.enable_codec:
             self.codec_status.set(CodecState.DISABLED,
                                   "the codec is disabled on this server (CASCADE_ENABLE_CODEC=false)")

@@ -79,6 +79,10 @@ class Settings(BaseSettings):
         "one loop each (CPU); reference = float32 GEMMs, float64 bmm and torch ops (the first release's). Both "
         "compute the same integers.")
     codec_segments_in_flight: int = Field(8, ge=1, description="Segments of one request coded concurrently.")
+    codec_container_version: Literal[3, 4] = Field(
+        4, description="Container format /compress writes: 4 codes a token outside the top-k under the model's "
+        "weights (smaller); 3 is what releases before it read — for a rolling upgrade, until every replica that "
+        "may open the containers reads version 4. Both versions are always read.")
     codec_top_k: int = Field(1024, ge=1, le=1024, description="Default top-k of the codec distribution.")
     codec_precision_bits: Literal[16, 24, 32] = Field(32, description="Default coder precision.")
     codec_lane_tokens: int = Field(

@@ -23,6 +23,7 @@ from cascade_common.ordered import ordered
 from cascade.codec.container import (
     KIND_CODED,
     KIND_RAW,
+    READ_VERSIONS,
     VERSION,
     ContainerError,
     ContainerReader,
@@ -120,10 +121,14 @@ class CodecPipeline:
     Whether the codec may serve is the app's to say (``lifecycle.CodecStatus``); the pipeline only
     refuses work before a runner is attached."""
 
-    def __init__(self, max_positions: int, window: int, limits: Limits | None = None) -> None:
+    def __init__(self, max_positions: int, window: int, limits: Limits | None = None,
+                 write_version: int = VERSION) -> None:
+        if write_version not in READ_VERSIONS:
+            raise ValueError(f"containers are written as version {' or '.join(map(str, READ_VERSIONS))}")
         self.max_positions = max_positions
         self.window = max(1, window)
         self.limits = limits or Limits()
+        self.write_version = write_version
         self.runner: ExactRunner | None = None
         self.numerics = ""
         self.fingerprint = b""
@@ -215,7 +220,8 @@ class CodecPipeline:
                               target_bytes=lane_tokens * lanes * 3)
         writer = ContainerWriter(Header(self.fingerprint, options.precision_bits, options.top_k,
                                         self.vocab_size, self.numerics, lane_tokens,
-                                        {"separator_id": self.separator_id}, options.context))
+                                        {"separator_id": self.separator_id}, options.context,
+                                        version=self.write_version))
         header = writer.header_bytes()
         stats.bytes_out += len(header)
         yield header
@@ -244,15 +250,18 @@ class CodecPipeline:
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             tokens = segment.tokens
+            weighted = self.write_version >= 4
             payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
-                                                      options.precision_bits, request=request, weighted_escapes=True)
+                                                      options.precision_bits, request=request,
+                                                      weighted_escapes=weighted)
             if stored_raw_is_smaller(len(tokens), segment.data, payload):
                 stats.raw_segments += 1
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             if options.verify:
                 back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
-                                                     options.precision_bits, request=request, weighted_escapes=True)
+                                                     options.precision_bits, request=request,
+                                                     weighted_escapes=weighted)
                 if back != tokens:
                     raise IntegrityError(f"verification failed: segment {stats.segments} did not decode back")
             stats.tokens += len(tokens)
@@ -361,23 +370,29 @@ class CodecPipeline:
 
     async def _check_reference(self, container: bytes) -> None:
         """Known answers, for the default model: the sample's container must equal, byte for byte, the
-        one the reference machine wrote (``exact/reference_v4.cz``) — a machine whose arithmetic
-        differed would make containers no other machine opens, so its codec stays off — and the
-        earlier releases' version-3 container of it (``exact/reference.cz``) must decode to the sample,
-        so the version-3 reading path is proven at every start too."""
+        one the reference machine wrote in the version this server writes (``exact/reference_v4.cz``,
+        or ``reference.cz`` for version 3) — a machine whose arithmetic differed would make containers
+        no other machine opens, so its codec stays off — and the other version's reference must decode
+        to the sample, so both reading paths are proven at every start."""
         references = {version: path.read_bytes() for version, path in REFERENCE_CONTAINERS.items()}
         header = ContainerReader().feed(references[VERSION])[0]
         assert isinstance(header, Header)
         if header.fingerprint != self.fingerprint or header.numerics != self.numerics:
             return
-        if container != references[VERSION]:
+        if container != references[self.write_version]:
+            name = REFERENCE_CONTAINERS[self.write_version].name
             raise IntegrityError("this machine's exact arithmetic gives other integers than the reference machine's "
-                                 f"(the self-test container differs from exact/{REFERENCE_CONTAINERS[VERSION].name})")
-        async def version_3() -> AsyncIterator[bytes]:
-            yield references[3]
+                                 f"(the self-test container differs from exact/{name})")
+        for version, reference in references.items():
+            if version == self.write_version:
+                continue
 
-        if b"".join([data async for _, data in self.decompress(version_3(), "selftest")]) != SELF_TEST_TEXT.encode():
-            raise IntegrityError("the reference version-3 container (exact/reference.cz) did not decode to the sample")
+            async def packed(data: bytes = reference) -> AsyncIterator[bytes]:
+                yield data
+
+            if b"".join([data async for _, data in self.decompress(packed(), "selftest")]) != SELF_TEST_TEXT.encode():
+                raise IntegrityError(f"the reference version-{version} container "
+                                     f"(exact/{REFERENCE_CONTAINERS[version].name}) did not decode to the sample")
 
 
 def stored_raw_is_smaller(tokens: int, original: bytes, payload: bytes) -> bool:
