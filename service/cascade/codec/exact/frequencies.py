@@ -231,7 +231,6 @@ def rank_to_token(ids_row: npt.NDArray[np.int64], rank: int) -> int:
     return rank + int(np.searchsorted(skipped, rank, side="right"))
 
 
-
 def escape_tables(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``cdf (N, vocab + 1)``: after an escape (container version 4), the token's distribution over the
     whole vocabulary in id order, summing to ``2**ESCAPE_BITS``.

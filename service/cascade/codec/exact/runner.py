@@ -238,8 +238,8 @@ class ExactRunner:
             raise ValueError(f"prompt + lane exceed the model's {self.model.max_positions} positions")
         if not tokens:
             return EncodedSegment(encode_lanes([], precision_bits), 0, 0.0)
-        job = _EncodeJob(self._request(request), list(prompt), top_k, precision_bits, weighted_escapes, 0, lanes=tokens,
-                         columns=[None] * len(tokens), pending=len(tokens))
+        job = _EncodeJob(self._request(request), list(prompt), top_k, precision_bits, weighted_escapes, 0,
+                         lanes=tokens, columns=[None] * len(tokens), pending=len(tokens))
         self._enqueue(job)
         result: EncodedSegment = await self._wait(job)
         return result
@@ -265,8 +265,7 @@ class ExactRunner:
                 f"{rows * need * self.row_position_bytes / 2**20:.0f} MiB of decode cache, more than this "
                 f"server's budget of {self.kv_budget_bytes / 2**20:.0f} MiB (codec_kv_budget_mib)")
         job = _DecodeJob(self._request(request), list(prompt), top_k, precision_bits, weighted_escapes, 0,
-                         lengths=lengths,
-                         payload=bytes(payload), need=need, rows=rows)
+                         lengths=lengths, payload=bytes(payload), need=need, rows=rows)
         self._enqueue(job)
         result: list[list[int]] = await self._wait(job)
         return result
