@@ -229,7 +229,7 @@ class CodecPipeline:
 
         async def jobs() -> AsyncIterator[Callable[[], Awaitable[SegmentResult]]]:
             async for segment in segmenter.segments(counted(chunks, stats)):
-                yield self._segment_job(segment, prompt, lane_tokens, options, stats, request)
+                yield self._segment_job(segment, prompt, writer.header, options.verify, stats, request)
 
         async for coded in ordered(jobs(), self.window):
             record = writer.segment_bytes(*coded)
@@ -239,29 +239,28 @@ class CodecPipeline:
         stats.bytes_out += len(trailer)
         yield trailer
 
-    def _segment_job(self, segment: Segment, prompt: list[int], lane_tokens: int, options: CompressOptions,
-                     stats: CompressStats, request: object | None = None
-                     ) -> Callable[[], Awaitable[SegmentResult]]:
+    def _segment_job(self, segment: Segment, prompt: list[int], header: Header, verify: bool, stats: CompressStats,
+                     request: object | None = None) -> Callable[[], Awaitable[SegmentResult]]:
         """Jobs finish in any order; only their results go through the writer, in submission order,
-        because the container's running CRC covers the records in the order they are written."""
+        because the container's running CRC covers the records in the order they are written. Coded
+        with the coding parameters ``header`` declares."""
         async def run() -> SegmentResult:
             if segment.tokens is None:
                 stats.raw_segments += 1
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
             tokens = segment.tokens
-            weighted = self.write_version >= 4
-            payload, ideal = await self.encode_tokens(prompt, tokens, lane_tokens, options.top_k,
-                                                      options.precision_bits, request=request,
-                                                      weighted_escapes=weighted)
+            payload, ideal = await self.encode_tokens(prompt, tokens, header.lane_tokens, header.top_k,
+                                                      header.precision_bits, request=request,
+                                                      weighted_escapes=header.weighted_escapes)
             if stored_raw_is_smaller(len(tokens), segment.data, payload):
                 stats.raw_segments += 1
                 stats.segments += 1
                 return SegmentResult(KIND_RAW, 0, segment.data, segment.data)
-            if options.verify:
-                back = await self.decode_tokens_from(prompt, payload, len(tokens), lane_tokens, options.top_k,
-                                                     options.precision_bits, request=request,
-                                                     weighted_escapes=weighted)
+            if verify:
+                back = await self.decode_tokens_from(prompt, payload, len(tokens), header.lane_tokens, header.top_k,
+                                                     header.precision_bits, request=request,
+                                                     weighted_escapes=header.weighted_escapes)
                 if back != tokens:
                     raise IntegrityError(f"verification failed: segment {stats.segments} did not decode back")
             stats.tokens += len(tokens)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from cascade.codec.exact.frequencies import frequency_tables, rank_to_token, tok
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+T = TypeVar("T")
 LOGITS = st.lists(st.integers(-(40 << 16), 40 << 16), min_size=3, max_size=80)
 
 
@@ -94,6 +97,16 @@ WIDE = st.lists(st.one_of(st.integers(-(40 << 16), 40 << 16), st.integers(-(1 <<
                           st.sampled_from([0, 7, -(1 << 37), 1 << 37])), min_size=3, max_size=300)
 
 
+def _compiled_and_torch(table: Callable[..., T], *args: Any) -> tuple[T, T]:
+    """``table(*args)`` from the compiled loop, then from the torch path (what a GPU runs)."""
+    compiled = table(*args)
+    frequencies.COMPILED = False
+    try:
+        return compiled, table(*args)
+    finally:
+        frequencies.COMPILED = True
+
+
 @pytest.mark.skipif(not frequencies.COMPILED, reason="numba is not installed")
 @settings(max_examples=200, deadline=None)
 @given(st.lists(WIDE, min_size=1, max_size=6), st.integers(1, 299), st.sampled_from([16, 24, 32]))
@@ -103,12 +116,7 @@ def test_the_compiled_tables_equal_torchs_integers(rows: list[list[int]], k: int
     width = min(len(r) for r in rows)
     logits = torch.tensor([r[:width] for r in rows])
     k = min(k, width - 1, (1 << precision) - 2)
-    compiled = frequency_tables(logits, k, precision)
-    frequencies.COMPILED = False
-    try:
-        expected = frequency_tables(logits, k, precision)
-    finally:
-        frequencies.COMPILED = True
+    compiled, expected = _compiled_and_torch(frequency_tables, logits, k, precision)
     assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])
 
 
@@ -117,12 +125,7 @@ def test_the_compiled_tables_handle_a_flat_row_and_a_real_vocabulary() -> None:
     flat = torch.zeros(2, 49152, dtype=torch.int64)
     spread = (torch.randn(3, 49152, generator=torch.Generator().manual_seed(2)) * 5 * 65536).to(torch.int64)
     for logits in (flat, spread):
-        compiled = frequency_tables(logits, 1024, 32)
-        frequencies.COMPILED = False
-        try:
-            expected = frequency_tables(logits, 1024, 32)
-        finally:
-            frequencies.COMPILED = True
+        compiled, expected = _compiled_and_torch(frequency_tables, logits, 1024, 32)
         assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])
 
 
@@ -133,12 +136,7 @@ def test_the_compiled_escape_tables_equal_torchs_integers(rows: list[list[int]],
     width = min(len(r) for r in rows)
     logits = torch.tensor([r[:width] for r in rows])
     ids, _ = frequency_tables(logits, min(k, width - 1), 24)
-    compiled = frequencies.escape_tables(logits, ids)
-    frequencies.COMPILED = False
-    try:
-        expected = frequencies.escape_tables(logits, ids)
-    finally:
-        frequencies.COMPILED = True
+    compiled, expected = _compiled_and_torch(frequencies.escape_tables, logits, ids)
     assert torch.equal(compiled, expected)
 
 
@@ -148,12 +146,7 @@ def test_the_compiled_escape_tables_handle_a_flat_row_and_a_real_vocabulary() ->
     spread = (torch.randn(3, 49152, generator=torch.Generator().manual_seed(3)) * 5 * 65536).to(torch.int64)
     for logits in (flat, spread):
         ids, _ = frequency_tables(logits, 1024, 32)
-        compiled = frequencies.escape_tables(logits, ids)
-        frequencies.COMPILED = False
-        try:
-            expected = frequencies.escape_tables(logits, ids)
-        finally:
-            frequencies.COMPILED = True
+        compiled, expected = _compiled_and_torch(frequencies.escape_tables, logits, ids)
         assert torch.equal(compiled, expected)
 
 

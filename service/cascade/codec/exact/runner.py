@@ -630,7 +630,6 @@ class ExactRunner:
                 if weighted and escaped.numel():
                     escape_cdf = escape_tables(logits[rows[escaped]], ids[escaped])
                     token = tokens[rows[escaped]][:, None]
-                    fallback_low = fallback_low.clone()
                     fallback_low[escaped] = escape_cdf.gather(1, token)[:, 0]
                     fallback_freq[escaped] = escape_cdf.gather(1, token + 1)[:, 0] - fallback_low[escaped]
                 low_all[rows + a], freq_all[rows + a] = low, freq
