@@ -16,6 +16,7 @@ from typing import Any
 from cascade.predict.debug_log import PredictionDebugLog
 from cascade.predict.draft_length import AdaptiveLength, DraftLength, FixedLength
 from cascade.predict.static_text import PredictionState
+from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
 from cascade.vllm_compat.request_keys import prediction_spec
 from cascade.vllm_compat.version import IncompatibleVllmError
@@ -61,6 +62,8 @@ class StaticTextProposer:
         self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
         self.logs: dict[str, PredictionDebugLog] = {}
+        self.ledgers: dict[str, PredictionLedger] = {}
+        self.finished_ledgers = FinishedLedgers()
         self._rows: list[str] = []
         self._requests: Mapping[str, Any] = {}
         self._bound = False
@@ -82,6 +85,7 @@ class StaticTextProposer:
         lengths: DraftLength = AdaptiveLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths)
         self.states[req_id] = state
+        self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
         if log is not None:
             self.logs[req_id] = log
@@ -98,6 +102,9 @@ class StaticTextProposer:
         finished += [r for r in self.logs if r not in self._requests and r not in self.states]
         for req_id in finished:
             self.states.pop(req_id, None)
+            ledger = self.ledgers.pop(req_id, None)
+            if ledger is not None:
+                self.finished_ledgers.put(external_id(req_id), ledger)
             log = self.logs.pop(req_id, None)
             if log is not None:
                 log.close()
@@ -129,7 +136,9 @@ class StaticTextProposer:
             if req_id is None or state is None or not sampled:
                 drafts.append([])
                 continue
+            drafted, accepted = len(state.last_proposal), state.accepted
             state.observe(list(sampled))
+            self.ledgers[req_id].record(len(sampled), drafted, state.accepted - accepted)
             total = int(num_tokens_no_spec[row])
             draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
                                              self._tokens_left(req_id, total) - 1)))
@@ -138,6 +147,15 @@ class StaticTextProposer:
             if log is not None:
                 log.write({"sampled": list(sampled), "draft": draft, **state.snapshot()})
         return drafts
+
+    def prediction_usage(self, request_id: str, answer_tokens: int) -> tuple[int, int] | None:
+        """(drafted, accepted) prediction tokens within the first ``answer_tokens`` tokens of the
+        output of the request the gateway calls ``request_id``; None when it is unknown here."""
+        self.release_finished()
+        ledger = self.finished_ledgers.pop(request_id)
+        if ledger is None:
+            ledger = next((self.ledgers[r] for r in self.ledgers if external_id(r) == request_id), None)
+        return None if ledger is None else ledger.counts(answer_tokens)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: the drafts come from the request's own text."""
