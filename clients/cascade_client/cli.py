@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from cascade_client.client import CascadeClient
 from cascade_client.protocol import CascadeError, CompressStats
+from cascade_client.retry import RetryPolicy
 from cascade_client.topk_export import ExportStats, iter_sources
 
 EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # bad usage exits with 2 from argparse
@@ -108,6 +109,11 @@ def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument("--api-key", default=default(os.environ.get("CASCADE_API_KEY")),
                         help="Bearer API key (env CASCADE_API_KEY)")
     parser.add_argument("--timeout", type=float, default=default(3600.0), help="seconds to wait for each reply chunk")
+    parser.add_argument("--retries", type=int, default=default(4),
+                        help="times a request is sent again after a 429/503 answer or a connection that failed "
+                             "before any byte of the answer (default 4; 0: never)")
+    parser.add_argument("--retry-budget", type=float, default=default(60.0),
+                        help="seconds all attempts of one request may take, waits included (default 60)")
     parser.add_argument("-q", "--quiet", action="store_true", default=default(False),
                         help="no progress bars and no statistics line")
     parser.add_argument("--progress", action="store_true", default=default(False),
@@ -203,7 +209,10 @@ def _export(client: CascadeClient, args: argparse.Namespace) -> ExportStats:
 
 
 def _run(args: argparse.Namespace) -> None:
-    with CascadeClient(args.server, args.api_key, timeout=args.timeout) as client:
+    if args.retries < 0 or args.retry_budget < 0:
+        raise CascadeError(0, "--retries and --retry-budget cannot be negative")
+    retry = RetryPolicy(attempts=args.retries + 1, budget_seconds=args.retry_budget)
+    with CascadeClient(args.server, args.api_key, timeout=args.timeout, retry=retry) as client:
         if args.command in ("compress", "decompress"):
             stats = _codec(client, args)
             if stats is not None and not args.quiet:

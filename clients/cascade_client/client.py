@@ -8,16 +8,18 @@ the body is still being sent, so inputs of any size stream through in constant m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import EventSource
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, client_options, drive, json_reply, request_args, transport_errors
-from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
+from cascade_client._http import ClientBase, client_options, drive, request_args, send, transport_errors
+from cascade_client._io import Body, Sink, Source, flush_sink, write_sink
 from cascade_client.duplex import SyncDuplexTransport
 from cascade_client.protocol import (
     CascadeError,
@@ -28,6 +30,7 @@ from cascade_client.protocol import (
     Progress,
     StreamCall,
 )
+from cascade_client.retry import RetryPolicy
 from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
 
@@ -43,15 +46,19 @@ class CascadeClient(ClientBase[httpx.Client]):
     ``export_topk`` returns one prompt's top-k distributions, ``export_topk_to`` streams a corpus's.
 
     Every failure raises a ``CascadeError`` subclass carrying the server's status, message, type
-    and code (``CascadeConnectionError`` when the server cannot be reached). ``duplex=False`` sends
-    the whole body before reading the reply (plain httpx; only safe for inputs of a few MB).
+    and code (``CascadeConnectionError`` when the server cannot be reached or a stream was cut).
+    ``retry`` says what is sent again (default ``RetryPolicy()``: 429/503 after their
+    ``Retry-After`` and connections that failed before any byte of the answer, 5 attempts within
+    60 s; ``RetryPolicy.none()`` never retries). ``duplex=False`` sends the whole body before
+    reading the reply (plain httpx; only safe for inputs of a few MB).
     """
 
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
-                 *, duplex: bool = True, transport: httpx.BaseTransport | None = None) -> None:
+                 *, duplex: bool = True, transport: httpx.BaseTransport | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         self._options = client_options(server, api_key, timeout)
         http = httpx.Client(transport=transport or SyncDuplexTransport(), **self._options)
-        super().__init__(http, duplex)
+        super().__init__(http, duplex, retry)
 
     def close(self) -> None:
         self._http.close()
@@ -63,17 +70,25 @@ class CascadeClient(ClientBase[httpx.Client]):
         self.close()
 
     def _chunks(self, call: StreamCall[Any], source: Source, progress: Progress | None) -> Iterator[bytes]:
-        """Upload ``source`` as the body; yield each decoded reply chunk as it arrives."""
-        args = request_args(call.request, duplex=self._duplex, content=iter_source(source, progress))
-        with transport_errors(self.server), self._http.stream(**args) as response:
-            if response.is_error:
-                response.read()
-                json_reply(response)
-            for chunk in response.iter_bytes():
-                for data in call.feed(chunk):
-                    if progress is not None:
-                        progress.received(len(data))
-                    yield data
+        """Upload ``source`` as the body (again, on a retry, when it can be replayed); yield each
+        decoded reply chunk as it arrives. A stream that breaks once started is an error."""
+        body = Body(source, progress)
+
+        def build() -> httpx.Request:
+            return self._http.build_request(**request_args(call.request, duplex=self._duplex, content=body.chunks()))
+
+        with transport_errors(self.server):
+            response = send(self._http, build, self._retry, lambda: body.replayable)
+        with contextlib.closing(response):
+            try:
+                for sse in EventSource(response).iter_sse():
+                    data = call.feed(protocol.event_from_sse(sse.event, sse.data))
+                    if data:
+                        if progress is not None:
+                            progress.received(len(data))
+                        yield data
+            except httpx.TransportError as exc:
+                raise protocol.cut_stream(self.server, exc) from exc
 
     def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
         for data in self._chunks(call, source, progress):
@@ -88,7 +103,7 @@ class CascadeClient(ClientBase[httpx.Client]):
     def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
         with transport_errors(self.server):
-            return drive(self._http, call)
+            return drive(self._http, call, self._retry)
 
     def compress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
                     **options: Any) -> CompressStats:
@@ -148,7 +163,8 @@ class CascadeClient(ClientBase[httpx.Client]):
         """
         async def run() -> ExportStats:
             async with httpx.AsyncClient(**self._options) as http:
-                return await TopkExporter(http, compression_top_k, **options).run(sources, sink, progress)
+                return await TopkExporter(http, compression_top_k, retry=self._retry, **options).run(
+                    sources, sink, progress)
 
         with transport_errors(self.server):
             return asyncio.run(run())
