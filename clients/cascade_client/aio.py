@@ -10,6 +10,7 @@ concurrently with reading the reply (see ``duplex``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import io
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
@@ -25,6 +26,7 @@ from cascade_client._io import Body, Sink, Source, flush_sink, from_thread, writ
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
 from cascade_client.retry import RetryPolicy
+from cascade_client.spread import DEFAULT_PIECE_BYTES, compress_spread, decompress_spread
 from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
 
@@ -155,14 +157,30 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
             return await adrive(self._http, call, self._retry)
 
     async def compress_to(self, sink: AsyncSink, source: AsyncSource, *, progress: Progress | None = None,
+                          concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES,
                           **options: Any) -> CompressStats:
-        """Compress ``source`` into a container written to ``sink`` chunk by chunk (options as sync)."""
-        return await self._stream(protocol.compress_call(**options), sink, source, progress)
+        """Compress ``source`` into a container written to ``sink`` chunk by chunk (options as sync).
 
-    async def decompress_to(self, sink: AsyncSink, source: AsyncSource, *,
-                            progress: Progress | None = None) -> DecompressStats:
-        """Decompress the container in ``source``; each verified segment is written to ``sink``."""
-        return await self._stream(protocol.decompress_call(), sink, source, progress)
+        ``concurrency``: cut the input into pieces of about ``piece_bytes`` and compress that many
+        at once (through a balancer, on several replicas); the pieces' containers are spliced into
+        one (``cascade_client.spread``)."""
+        if concurrency is None:
+            return await self._stream(protocol.compress_call(**options), sink, source, progress)
+        stats = await compress_spread(self, AsyncBody(source).chunks(), functools.partial(awrite_sink, sink),
+                                      piece_bytes=piece_bytes, concurrency=concurrency, progress=progress, **options)
+        await aflush_sink(sink)
+        return stats
+
+    async def decompress_to(self, sink: AsyncSink, source: AsyncSource, *, progress: Progress | None = None,
+                            concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES) -> DecompressStats:
+        """Decompress the container in ``source``; each verified segment is written to ``sink``.
+        ``concurrency``: decompress that many groups of whole segments at once (see ``compress_to``)."""
+        if concurrency is None:
+            return await self._stream(protocol.decompress_call(), sink, source, progress)
+        stats = await decompress_spread(self, AsyncBody(source).chunks(), functools.partial(awrite_sink, sink),
+                                        piece_bytes=piece_bytes, concurrency=concurrency, progress=progress)
+        await aflush_sink(sink)
+        return stats
 
     async def compress(self, data: AsyncSource, **options: Any) -> bytes:
         out = io.BytesIO()

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from cascade_client.client import CascadeClient
 from cascade_client.protocol import CascadeError, CompressStats
 from cascade_client.retry import RetryPolicy
+from cascade_client.spread import DEFAULT_PIECE_BYTES
 from cascade_client.topk_export import ExportStats, iter_sources
 
 EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # bad usage exits with 2 from argparse
@@ -141,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     dec = sub.add_parser("decompress", parents=[common], help="decompress a .cz container")
     dec.add_argument("input", help="file, or - for stdin")
     dec.add_argument("-o", "--output", help="file, or - for stdout (default: INPUT without .cz; stdout for stdin)")
+    for codec in (comp, dec):
+        codec.add_argument("--concurrency", type=int,
+                           help="spread the input over the replicas behind a balancer: cut it into pieces and "
+                                "send this many at once (one container out; default: one stream)")
+        codec.add_argument("--piece-bytes", type=int, default=DEFAULT_PIECE_BYTES,
+                           help=f"bytes of text per piece with --concurrency (default {DEFAULT_PIECE_BYTES}; the "
+                                "container depends on it, not on the concurrency)")
     beam = sub.add_parser("kcbs", parents=[common], help="top-k-constrained beam search (prints the JSON result)")
     beam.add_argument("prompt")
     beam.add_argument("-k", "--beam-width", type=int, default=4)
@@ -176,12 +184,13 @@ def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | N
         bars = Bars(_size(src), "container" if args.command == "compress" else "text") \
             if _show_progress(args) else None
         try:
+            spread = {"concurrency": args.concurrency, "piece_bytes": args.piece_bytes}
             if args.command == "compress":
                 return client.compress_to(dst, src, progress=bars, top_k=args.top_k,
                                           precision_bits=args.precision_bits, lane_tokens=args.lane_tokens,
-                                          lanes=args.lanes,
-                                          context=args.context, verify=args.verify or None)
-            client.decompress_to(dst, src, progress=bars)
+                                          lanes=args.lanes, context=args.context, verify=args.verify or None,
+                                          **spread)
+            client.decompress_to(dst, src, progress=bars, **spread)
             return None
         finally:
             if bars is not None:

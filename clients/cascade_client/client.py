@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from httpx_sse import EventSource
 from cascade_client import protocol
 from cascade_client._http import ClientBase, client_options, drive, request_args, send, transport_errors
 from cascade_client._io import Body, Sink, Source, flush_sink, write_sink
+from cascade_client.aio import AsyncCascadeClient
 from cascade_client.duplex import SyncDuplexTransport
 from cascade_client.protocol import (
     CascadeError,
@@ -31,6 +32,7 @@ from cascade_client.protocol import (
     StreamCall,
 )
 from cascade_client.retry import RetryPolicy
+from cascade_client.spread import DEFAULT_PIECE_BYTES
 from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
 
@@ -57,6 +59,7 @@ class CascadeClient(ClientBase[httpx.Client]):
                  *, duplex: bool = True, transport: httpx.BaseTransport | None = None,
                  retry: RetryPolicy | None = None) -> None:
         self._options = client_options(server, api_key, timeout)
+        self._args = (server, api_key, timeout)
         http = httpx.Client(transport=transport or SyncDuplexTransport(), **self._options)
         super().__init__(http, duplex, retry)
 
@@ -106,17 +109,37 @@ class CascadeClient(ClientBase[httpx.Client]):
             return drive(self._http, call, self._retry)
 
     def compress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
+                    concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES,
                     **options: Any) -> CompressStats:
         """Compress ``source`` into a container written to ``sink`` chunk by chunk.
 
         ``options``: ``top_k``, ``precision_bits`` (16/24/32), ``lane_tokens``, ``lanes``, ``context``,
         ``verify`` (decode every segment on the server before answering), ``model``.
+        ``concurrency``: spread the input over the replicas behind a balancer — cut it into pieces of
+        about ``piece_bytes``, compress that many at once, splice their containers into one
+        (``cascade_client.spread``; the container depends on ``piece_bytes`` only).
         """
-        return self._stream(protocol.compress_call(**options), sink, source, progress)
+        if concurrency is None:
+            return self._stream(protocol.compress_call(**options), sink, source, progress)
+        return self._spread(lambda client: client.compress_to(sink, source, progress=progress, concurrency=concurrency,
+                                                              piece_bytes=piece_bytes, **options))
 
-    def decompress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None) -> DecompressStats:
-        """Decompress the container in ``source``; each verified segment is written to ``sink``."""
-        return self._stream(protocol.decompress_call(), sink, source, progress)
+    def decompress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
+                      concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES) -> DecompressStats:
+        """Decompress the container in ``source``; each verified segment is written to ``sink``.
+        ``concurrency``: decompress that many groups of whole segments at once, in order."""
+        if concurrency is None:
+            return self._stream(protocol.decompress_call(), sink, source, progress)
+        return self._spread(lambda client: client.decompress_to(sink, source, progress=progress,
+                                                                concurrency=concurrency, piece_bytes=piece_bytes))
+
+    def _spread(self, run: Callable[[AsyncCascadeClient], Awaitable[R]]) -> R:
+        """Run a spread call on the async client (concurrent pieces), on a private event loop."""
+        async def main() -> R:
+            async with AsyncCascadeClient(*self._args, duplex=self._duplex, retry=self._retry) as client:
+                return await run(client)
+
+        return asyncio.run(main())
 
     def compress(self, data: Source, **options: Any) -> bytes:
         """The whole container in memory (use ``compress_to`` or ``iter_compress`` for large inputs)."""
