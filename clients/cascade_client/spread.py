@@ -26,9 +26,10 @@ from typing import Any, Protocol
 from cascade_common.ordered import ordered
 
 from cascade_client.framing import Record, Splicer, Walker, cut, standalone
-from cascade_client.protocol import CHUNK, CascadeError, CompressStats, DecompressStats, Progress
+from cascade_client.protocol import CascadeError, CompressStats, DecompressStats, Progress
 
 DEFAULT_PIECE_BYTES = 1 << 20
+MIN_PIECE_BYTES = 64
 
 
 class Coder(Protocol):
@@ -130,5 +131,5 @@ def _header(walker: Walker) -> bytes:
 
 
 def _check(piece_bytes: int, concurrency: int) -> None:
-    if piece_bytes < CHUNK // 16 or concurrency < 1:
-        raise CascadeError(0, f"pieces need at least {CHUNK // 16} bytes and a concurrency of at least 1")
+    if piece_bytes < MIN_PIECE_BYTES or concurrency < 1:
+        raise CascadeError(0, f"pieces need at least {MIN_PIECE_BYTES} bytes and a concurrency of at least 1")
