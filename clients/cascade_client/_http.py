@@ -106,12 +106,15 @@ class Retrier:
 
     def _wait_or_raise(self, error: CascadeError, retry_after: float | None, retryable: bool,
                        cause: BaseException | None) -> float:
-        delay = self._attempts.wait(retry_after) if retryable and self._replayable() else None
-        if delay is not None:
-            return delay
-        if self._policy.attempts > 1 and retryable:
+        if not retryable or self._policy.attempts == 1:
+            raise error from cause
+        if not self._replayable():
+            raise error.after_attempts(self._attempts.made, "not sent again: its body was read once and cannot be "
+                                                            "replayed") from cause
+        delay = self._attempts.wait(retry_after)
+        if delay is None:
             raise error.after_attempts(self._attempts.made, self._attempts.summary()) from cause
-        raise error from cause
+        return delay
 
 
 def send(http: httpx.Client, build: Callable[[], httpx.Request], policy: RetryPolicy,

@@ -42,8 +42,8 @@ def _reader(source: Any) -> Callable[[], bytes] | None:
     return (lambda: read(CHUNK)) if callable(read) else None
 
 
-def iter_source(source: Source, progress: Progress | None = None) -> Iterator[bytes]:
-    """The source as chunks of at most ``CHUNK`` bytes, telling ``progress`` of each one."""
+def iter_source(source: Source) -> Iterator[bytes]:
+    """The source as chunks of at most ``CHUNK`` bytes (empty chunks left out)."""
     if isinstance(source, bytes | bytearray | memoryview):
         view = memoryview(source)
         chunks: Iterable[bytes] = (bytes(view[i:i + CHUNK]) for i in range(0, len(view), CHUNK))
@@ -53,8 +53,6 @@ def iter_source(source: Source, progress: Progress | None = None) -> Iterator[by
         chunks = source  # type: ignore[assignment]
     for chunk in chunks:
         if chunk:
-            if progress is not None:
-                progress.sent(len(chunk))
             yield bytes(chunk)
 
 
