@@ -68,6 +68,10 @@ class Settings(BaseSettings):
         2048, ge=1, description="Decode KV-cache budget of the exact codec: a segment joins the running rows only "
         "while rows × positions × bytes per position fit; one that never fits is refused (400)."
     )
+    codec_max_draft: int = Field(
+        16, ge=0, le=64, description="Speculative exact decoding: the longest draft (tokens guessed from the context "
+        "and the decoded text) a lane verifies in one pass; decoded bytes and containers are the same for any value "
+        "(0: one token per step).")
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the exact codec computes. auto: the engines' device if it passes the codec's "

@@ -152,10 +152,10 @@ ALLOWED: dict[str, Allowed] = {
 
 
 KERNELS: dict[str, Allowed] = {
-    "cache_products.scores": Allowed(frozenset({F64, I32}), "q·k of float64 query integers and the int32 key cache "
-                                     "(numba): every product and partial sum is an integer below 2**53, exact in "
-                                     "any order, vectorised or fused"),
-    "cache_products.weighted": Allowed(frozenset({F64, I32}), "p·v of integer weights ≤ 2**16 and the int32 value "
+    "cache_products.scores": Allowed(frozenset({F64, I32, I64}), "q·k of float64 query integers and the int32 key "
+                                     "cache rows the int64 row index names (numba): every product and partial sum "
+                                     "is an integer below 2**53, exact in any order, vectorised or fused"),
+    "cache_products.weighted": Allowed(frozenset({F64, I32, I64}), "p·v of integer weights ≤ 2**16 and the int32 value "
                                        "cache (numba): integer sums below 2**53, exact in any order"),
     "model.exact_root": Allowed(frozenset({F64}), "off the CPU, RMSNorm's per-row roots taken by the host's "
                                 "torch.sqrt (exact-llama-1's root, a function of the value alone): one float64 per "

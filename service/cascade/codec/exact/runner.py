@@ -61,6 +61,7 @@ import torch
 
 from cascade.codec.container import ContainerError
 from cascade.codec.exact.cohort import Cohort, bytes_per_row_position
+from cascade.codec.exact.drafts import DraftSourceFactory, SegmentDrafts, ngram_source
 from cascade.codec.exact.frequencies import ESCAPE_BITS, escape_tables, frequency_tables, rank_to_token, token_intervals
 from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama
 from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
@@ -120,7 +121,15 @@ class RunnerStats:
     encode_model_seconds: float = 0.0
     encode_coder_seconds: float = 0.0
     peak_kv_bytes: int = 0
+    decoded_tokens: int = 0
+    row_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
     events: deque[tuple[str, object, int, int]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
+
+    def tokens_per_row_step(self) -> float:
+        """Mean tokens a decoding lane advanced per step (1.0 without speculation)."""
+        return self.decoded_tokens / self.row_steps if self.row_steps else 0.0
 
     def pick_share(self) -> float:
         """Share of decode-step time spent picking tokens (frequency tables + range decoder)."""
@@ -170,6 +179,8 @@ class _DecodeJob(_Job):
     decoded: list[list[int]] = field(default_factory=list)
     lanes_left: int = 0
     coder: LaneDecoder | None = None
+    next_lane: int = 0
+    drafts: SegmentDrafts | None = None
 
 
 def ideal_bits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -199,11 +210,16 @@ class ExactRunner:
 
     ``max_rows``: KV rows decoded together (a segment with more lanes runs alone);
     ``prefill_tokens``: tokens per compression chunk; ``threads``: torch threads of the worker (None:
-    the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded)."""
+    the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded);
+    ``max_draft``: the longest draft a lane verifies per step (0: no speculation, one token per step);
+    ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
-                 threads: int | None = None, *, kv_budget_bytes: int | None = None) -> None:
+                 threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
+                 draft_source: DraftSourceFactory = ngram_source) -> None:
         self.model = model
+        self.max_draft = max(0, max_draft)
+        self.draft_source = draft_source
         self.vocab_size = vocab_size
         self.max_rows = max(1, max_rows)
         self.prefill_tokens = max(1, prefill_tokens)
@@ -466,6 +482,8 @@ class ExactRunner:
                 continue
             job.decoded = [[] for _ in job.lengths]
             job.lanes_left = job.rows
+            if self.max_draft:
+                job.drafts = SegmentDrafts(self.draft_source(), job.prompt, len(job.lengths), self.max_draft)
             lanes = [lane for lane, n in enumerate(job.lengths) if n]
             joining.append((job, job.prompt, lanes, job.need))
             self.stats.events.append(("decode-start", job.request.key, job.queued_step, self.stats.steps))
@@ -479,79 +497,130 @@ class ExactRunner:
             self._encode_chunk(chunk)
 
     def _decode_step(self) -> None:
+        """Every row feeds its pending token and its lane's draft in one pass; each segment's stream then
+        decodes as far as the pass's distributions reach (``_pick``); rows keep only decoded positions."""
         cohort = self._cohort
         for job in {job for job in cohort.owners if job.cancelled and not job.done}:
             self._finish(job, error=RunnerClosedError("the request was cancelled"))
         cohort.keep([i for i, job in enumerate(cohort.owners) if not job.done])
         if not len(cohort):
             return
-        assert cohort.hidden is not None
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
         start = time.perf_counter()
-        logits = self.model.logits(cohort.hidden)
+        drafts = self._drafts()
+        hidden, starts = cohort.step(drafts)
+        logits = self.model.logits(hidden)
         picked = time.perf_counter()
-        tokens, keep = self._pick(logits)
+        decoded, keep = self._pick(logits, starts, drafts)
         model_start = time.perf_counter()
+        cohort.advance([len(tokens) for tokens in decoded],
+                       [tokens[-1] if tokens else pending for tokens, pending in zip(decoded, cohort.pending,
+                                                                                     strict=True)])
         cohort.keep(keep)
-        if len(cohort):
-            cohort.step(tokens[torch.tensor(keep)])
         end = time.perf_counter()
         self.stats.model_seconds += (picked - start) + (end - model_start)
         self.stats.pick_seconds += model_start - picked
         self.stats.decode_steps += 1
+        self.stats.row_steps += len(decoded)
+        self.stats.decoded_tokens += sum(len(tokens) for tokens in decoded)
+        self.stats.drafted_tokens += sum(len(d) for d in drafts)
+        self.stats.accepted_tokens += sum(max(0, len(tokens) - 1) for tokens in decoded)
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
 
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """Each row's next token from its segment's stream, lanes in order (``encode_lanes``'s order);
-        returns the tokens and the rows still running. Frequency tables are built for all rows of all
-        segments sharing settings at once; the per-row work is the coder and a bisection."""
+    def _drafts(self) -> list[list[int]]:
+        """Each row's draft: never past the lane's second-to-last token (its last is never fed)."""
+        out: list[list[int]] = []
+        for job, lane in zip(self._cohort.owners, self._cohort.lanes, strict=True):
+            if job.drafts is None:
+                out.append([])
+                continue
+            decoded = job.decoded[lane]
+            out.append(job.drafts.propose(lane, decoded, job.lengths[lane] - len(decoded) - 1))
+        return out
+
+    def _pick(self, logits: torch.Tensor, starts: list[int], drafts: list[list[int]]
+              ) -> tuple[list[list[int]], list[int]]:
+        """Each segment's tokens from its stream, in the order ``encode_lanes`` wrote them: lanes in turn,
+        from the lane whose symbol is next, each from its next distribution of this pass, while that
+        distribution is valid — the row's draft matched every token decoded before it. Returns the
+        tokens each row decoded and the rows still running. Frequency tables are built for all rows
+        of all segments sharing settings at once; the per-token work is the coder and a bisection."""
         owners: list[_DecodeJob] = self._cohort.owners
         lanes = self._cohort.lanes
         n = len(owners)
-        # Per row: its group's flat ids and CDF (memoryviews: Python ints per item, no per-row copies)
-        # and where its row starts in them.
-        where: list[tuple[memoryview, memoryview, int, int]] = [(memoryview(b""), memoryview(b""), 0, 0)] * n
+        # Per query row: its group's flat ids and CDF (memoryviews: Python ints per item, no per-row
+        # copies) and where its row starts in them.
+        where: list[tuple[memoryview, memoryview, int, int]] = [(memoryview(b""), memoryview(b""), 0, 0)] * len(logits)
         groups: dict[tuple[int, int], list[int]] = {}
         for i, job in enumerate(owners):
-            groups.setdefault((job.top_k, job.precision_bits), []).append(i)
+            queries = range(starts[i], starts[i] + 1 + len(drafts[i]))
+            groups.setdefault((job.top_k, job.precision_bits), []).extend(queries)
         for (top_k, precision), rows in groups.items():
             ids, cdf = frequency_tables(logits[rows], top_k, precision)
             flat_ids = np.ascontiguousarray(ids.cpu().numpy()).reshape(-1).data
             flat_cdf = np.ascontiguousarray(cdf.cpu().numpy()).reshape(-1).data
-            for j, i in enumerate(rows):
-                where[i] = (flat_ids, flat_cdf, j * top_k, j * (top_k + 2))
-        picked = [0] * n
-        keep: list[int] = []
+            for j, q in enumerate(rows):
+                where[q] = (flat_ids, flat_cdf, j * top_k, j * (top_k + 2))
+        decoded: list[list[int]] = [[] for _ in range(n)]
+        segments: dict[_DecodeJob, list[int]] = {}
         for i, job in enumerate(owners):
-            if job.done:
-                continue
-            ids_of, cdf, at_ids, at = where[i]
-            top_k = job.top_k
+            segments.setdefault(job, []).append(i)
+        for job, rows in segments.items():
+            if not job.done:
+                self._decode_segment(job, rows, logits, starts, drafts, where, decoded)
+        keep = [i for i, job in enumerate(owners)
+                if not job.done and len(job.decoded[lanes[i]]) < job.lengths[lanes[i]]]
+        return decoded, keep
+
+    def _decode_segment(self, job: _DecodeJob, rows: list[int], logits: torch.Tensor, starts: list[int],
+                        drafts: list[list[int]], where: list[tuple[memoryview, memoryview, int, int]],
+                        decoded: list[list[int]]) -> None:
+        """Walk ``job``'s stream over its rows (lane order) from lane ``job.next_lane``; see ``_pick``."""
+        lanes = self._cohort.lanes
+        running = list(rows)
+        at = next(k for k, r in enumerate(running) if lanes[r] == job.next_lane)
+        coder = job.coder
+        assert coder is not None
+        top_k = job.top_k
+        while running:
+            r = running[at]
+            used = len(decoded[r])
+            draft = drafts[r]
+            if used > len(draft) or (used and decoded[r][-1] != draft[used - 1]):
+                break  # this lane's next distribution was not computed: the stream waits for the next pass
+            q = starts[r] + used
+            ids_of, cdf, at_ids, base = where[q]
             try:
-                coder = job.coder
-                assert coder is not None
-                symbol = min(max(bisect.bisect_right(cdf, coder.target(), at, at + top_k + 2) - 1 - at, 0), top_k)
-                low = cdf[at + symbol]
-                coder.consume(low, cdf[at + symbol + 1] - low)
+                symbol = min(max(bisect.bisect_right(cdf, coder.target(), base, base + top_k + 2) - 1 - base, 0),
+                             top_k)
+                low = cdf[base + symbol]
+                coder.consume(low, cdf[base + symbol + 1] - low)
                 if symbol < top_k:
                     token = ids_of[at_ids + symbol]
                 else:
                     row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
-                    token = escaped_token(coder, logits[i:i + 1], row_ids, job.weighted_escapes)
+                    token = escaped_token(coder, logits[q:q + 1], row_ids, job.weighted_escapes)
             except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
                 self._finish(job, error=exc)
-                continue
-            decoded = job.decoded[lanes[i]]
-            decoded.append(token)
-            picked[i] = token
-            if len(decoded) < job.lengths[lanes[i]]:
-                keep.append(i)
+                return
+            decoded[r].append(token)
+            lane = lanes[r]
+            job.decoded[lane].append(token)
+            if len(job.decoded[lane]) < job.lengths[lane]:
+                at += 1
             else:
+                running.pop(at)
                 job.lanes_left -= 1
                 if job.lanes_left == 0:
                     self.stats.events.append(("decode-done", job.request.key, job.queued_step, self.stats.steps))
                     self._finish(job, job.decoded)
-        return torch.tensor(picked, dtype=torch.int64), [i for i in keep if not owners[i].done]
+                    return
+            if running:
+                at %= len(running)
+        job.next_lane = lanes[running[at]]
+        if job.drafts is not None:
+            for r in rows:
+                job.drafts.record(lanes[r], len(drafts[r]), max(0, len(decoded[r]) - 1), decoded[r])
 
     def _fallback_total(self, job: _Job) -> int:
         return 1 << ESCAPE_BITS if job.weighted_escapes else self.vocab_size - job.top_k
