@@ -205,6 +205,38 @@ def escaped_token(coder: LaneDecoder, logits: torch.Tensor, row_ids: npt.NDArray
     return token
 
 
+class _Distributions:
+    """A decode pass's coding tables per query row, built on demand: ``build`` computes the integer logits
+    and frequency tables of some rows (grouped by coding settings); ``where[q]`` is row ``q``'s group's
+    flat ids and CDF (memoryviews: Python ints per item, no per-row copies) and where its row starts."""
+
+    def __init__(self, model: ExactLlama, hidden: torch.Tensor, settings: list[tuple[int, int]]) -> None:
+        self.model = model
+        self.hidden = hidden
+        self.settings = settings
+        self.where: dict[int, tuple[memoryview, memoryview, int, int]] = {}
+        self._logits: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def build(self, queries: list[int]) -> None:
+        device = self.hidden.device
+        logits = self.model.logits(self.hidden[torch.tensor(queries, dtype=torch.int64, device=device)])
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j, q in enumerate(queries):
+            groups.setdefault(self.settings[q], []).append(j)
+            self._logits[q] = (logits, j)
+        for (top_k, precision), rows in groups.items():
+            ids, cdf = frequency_tables(logits[rows], top_k, precision)
+            flat_ids = np.ascontiguousarray(ids.cpu().numpy()).reshape(-1).data
+            flat_cdf = np.ascontiguousarray(cdf.cpu().numpy()).reshape(-1).data
+            for k, j in enumerate(rows):
+                self.where[queries[j]] = (flat_ids, flat_cdf, k * top_k, k * (top_k + 2))
+
+    def logits_row(self, q: int) -> torch.Tensor:
+        """Row ``q``'s integer logits as ``(1, vocab)`` (for an escaped token's table)."""
+        logits, j = self._logits[q]
+        return logits[j:j + 1]
+
+
 class ExactRunner:
     """Thread-safe front: ``encode``/``decode`` are awaitable from any event loop.
 
@@ -509,9 +541,12 @@ class ExactRunner:
         start = time.perf_counter()
         drafts = self._drafts()
         hidden, starts = cohort.step(drafts)
-        logits = self.model.logits(hidden)
         picked = time.perf_counter()
-        decoded, keep = self._pick(logits, starts, drafts)
+        # counted before any job is answered (a caller may read them as soon as its future is done)
+        self.stats.decode_steps += 1
+        self.stats.row_steps += len(drafts)
+        self.stats.drafted_tokens += sum(len(d) for d in drafts)
+        decoded, keep = self._pick(hidden, starts, drafts)
         model_start = time.perf_counter()
         cohort.advance([len(tokens) for tokens in decoded],
                        [tokens[-1] if tokens else pending for tokens, pending in zip(decoded, cohort.pending,
@@ -520,11 +555,6 @@ class ExactRunner:
         end = time.perf_counter()
         self.stats.model_seconds += (picked - start) + (end - model_start)
         self.stats.pick_seconds += model_start - picked
-        self.stats.decode_steps += 1
-        self.stats.row_steps += len(decoded)
-        self.stats.decoded_tokens += sum(len(tokens) for tokens in decoded)
-        self.stats.drafted_tokens += sum(len(d) for d in drafts)
-        self.stats.accepted_tokens += sum(max(0, len(tokens) - 1) for tokens in decoded)
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
 
     def _drafts(self) -> list[list[int]]:
@@ -538,43 +568,33 @@ class ExactRunner:
             out.append(job.drafts.propose(lane, decoded, job.lengths[lane] - len(decoded) - 1))
         return out
 
-    def _pick(self, logits: torch.Tensor, starts: list[int], drafts: list[list[int]]
+    def _pick(self, hidden: torch.Tensor, starts: list[int], drafts: list[list[int]]
               ) -> tuple[list[list[int]], list[int]]:
         """Each segment's tokens from its stream, in the order ``encode_lanes`` wrote them: lanes in turn,
         from the lane whose symbol is next, each from its next distribution of this pass, while that
         distribution is valid — the row's draft matched every token decoded before it. Returns the
-        tokens each row decoded and the rows still running. Frequency tables are built for all rows
-        of all segments sharing settings at once; the per-token work is the coder and a bisection."""
+        tokens each row decoded and the rows still running. Logits and frequency tables are built for
+        every row's first position at once, and for a row's drafted positions only once the walk reaches
+        them (``_Distributions``); the per-token work is the coder and a bisection."""
         owners: list[_DecodeJob] = self._cohort.owners
         lanes = self._cohort.lanes
         n = len(owners)
-        # Per query row: its group's flat ids and CDF (memoryviews: Python ints per item, no per-row
-        # copies) and where its row starts in them.
-        where: list[tuple[memoryview, memoryview, int, int]] = [(memoryview(b""), memoryview(b""), 0, 0)] * len(logits)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, job in enumerate(owners):
-            queries = range(starts[i], starts[i] + 1 + len(drafts[i]))
-            groups.setdefault((job.top_k, job.precision_bits), []).extend(queries)
-        for (top_k, precision), rows in groups.items():
-            ids, cdf = frequency_tables(logits[rows], top_k, precision)
-            flat_ids = np.ascontiguousarray(ids.cpu().numpy()).reshape(-1).data
-            flat_cdf = np.ascontiguousarray(cdf.cpu().numpy()).reshape(-1).data
-            for j, q in enumerate(rows):
-                where[q] = (flat_ids, flat_cdf, j * top_k, j * (top_k + 2))
+        settings = [(job.top_k, job.precision_bits) for i, job in enumerate(owners) for _ in range(1 + len(drafts[i]))]
+        tables = _Distributions(self.model, hidden, settings)
+        tables.build(starts)
         decoded: list[list[int]] = [[] for _ in range(n)]
         segments: dict[_DecodeJob, list[int]] = {}
         for i, job in enumerate(owners):
             segments.setdefault(job, []).append(i)
         for job, rows in segments.items():
             if not job.done:
-                self._decode_segment(job, rows, logits, starts, drafts, where, decoded)
+                self._decode_segment(job, rows, tables, starts, drafts, decoded)
         keep = [i for i, job in enumerate(owners)
                 if not job.done and len(job.decoded[lanes[i]]) < job.lengths[lanes[i]]]
         return decoded, keep
 
-    def _decode_segment(self, job: _DecodeJob, rows: list[int], logits: torch.Tensor, starts: list[int],
-                        drafts: list[list[int]], where: list[tuple[memoryview, memoryview, int, int]],
-                        decoded: list[list[int]]) -> None:
+    def _decode_segment(self, job: _DecodeJob, rows: list[int], tables: _Distributions, starts: list[int],
+                        drafts: list[list[int]], decoded: list[list[int]]) -> None:
         """Walk ``job``'s stream over its rows (lane order) from lane ``job.next_lane``; see ``_pick``."""
         lanes = self._cohort.lanes
         running = list(rows)
@@ -589,7 +609,9 @@ class ExactRunner:
             if used > len(draft) or (used and decoded[r][-1] != draft[used - 1]):
                 break  # this lane's next distribution was not computed: the stream waits for the next pass
             q = starts[r] + used
-            ids_of, cdf, at_ids, base = where[q]
+            if q not in tables.where:
+                tables.build(list(range(q, starts[r] + 1 + len(draft))))
+            ids_of, cdf, at_ids, base = tables.where[q]
             try:
                 symbol = min(max(bisect.bisect_right(cdf, coder.target(), base, base + top_k + 2) - 1 - base, 0),
                              top_k)
@@ -599,11 +621,13 @@ class ExactRunner:
                     token = ids_of[at_ids + symbol]
                 else:
                     row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
-                    token = escaped_token(coder, logits[q:q + 1], row_ids, job.weighted_escapes)
+                    token = escaped_token(coder, tables.logits_row(q), row_ids, job.weighted_escapes)
             except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
                 self._finish(job, error=exc)
                 return
             decoded[r].append(token)
+            self.stats.decoded_tokens += 1
+            self.stats.accepted_tokens += used > 0
             lane = lanes[r]
             job.decoded[lane].append(token)
             if len(job.decoded[lane]) < job.lengths[lane]:
