@@ -50,6 +50,7 @@ async def main() -> None:
     parser.add_argument("--top-k", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--bits-only", action="store_true", help="code only: the bits/byte table (no decoding)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -73,6 +74,10 @@ async def main() -> None:
                     lanes = split_lanes(ids, lane_tokens)
                     coded = await plain.encode(prompt, lanes, args.top_k, 32)
                     lengths = lane_lengths(len(ids), lane_tokens)
+                    if args.bits_only:
+                        print(f"| {kind} | {len(data)} | {len(ids)} | {lane_tokens} | {len(lanes)} "
+                              f"| {8 * len(coded.payload) / len(data):.3f} | | | | | | |", flush=True)
+                        continue
                     back, plain_s, plain_steps, _ = await decode_once(plain, prompt, lengths, coded.payload, args.top_k)
                     assert back == lanes, "plain round trip differs"
                     back, spec_s, spec_steps, per_step = await decode_once(guessing, prompt, lengths, coded.payload,

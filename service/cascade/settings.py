@@ -94,6 +94,10 @@ class Settings(BaseSettings):
         "max_model_len minus the context)."
     )
     codec_lanes: int = Field(16, ge=1, le=64, description="Default lanes per segment (decoded in parallel).")
+    codec_lane_steps: int = Field(
+        512, ge=0, description="Lane plan for latency: an input that fits one default segment is cut into the "
+        "fewest lanes of at most this many tokens, so it decodes in at most this many sequential steps (each extra "
+        "lane costs bits: benchmarks/RESULTS.md); 0, or a request's lane_tokens/lanes: the plan as given.")
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
     codec_max_output_bytes: int = Field(1 << 30, ge=1, description="Largest total output a container may declare.")
     codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")
