@@ -72,6 +72,10 @@ class Settings(BaseSettings):
         16, ge=0, le=64, description="Speculative exact decoding: the longest draft (tokens guessed from the context "
         "and the decoded text) a lane verifies in one pass; decoded bytes and containers are the same for any value "
         "(0: one token per step).")
+    codec_interleave_tokens: int = Field(
+        64, ge=1, description="Wall-clock fairness: while the exact codec decodes, compression prefill runs on a "
+        "credit of this many tokens per decode step (over S steps at most S × this + codec_prefill_tokens + one "
+        "chunk of prefill sits between them); without decoding, chunks run back to back.")
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the exact codec computes. auto: the engines' device if it passes the codec's "
@@ -95,9 +99,12 @@ class Settings(BaseSettings):
     )
     codec_lanes: int = Field(16, ge=1, le=64, description="Default lanes per segment (decoded in parallel).")
     codec_lane_steps: int = Field(
-        512, ge=0, description="Lane plan for latency: an input that fits one default segment is cut into the "
-        "fewest lanes of at most this many tokens, so it decodes in at most this many sequential steps (each extra "
-        "lane costs bits: benchmarks/RESULTS.md); 0, or a request's lane_tokens/lanes: the plan as given.")
+        512, ge=0, description="Lane plan for latency: an input that fits one default segment is cut into balanced "
+        "lanes (the longest lane sets its sequential decode steps), adding up to codec_lane_extra lanes to get "
+        "within this many steps; 0, or a request's lane_tokens/lanes: the plan as given.")
+    codec_lane_extra: int = Field(
+        0, ge=0, le=64, description="Lanes the lane plan may add to a small input's default lane count (each costs "
+        "bits — SmolLM2, 4 KB of code, 2 → 3 lanes: +6.2 %; benchmarks/RESULTS.md, 'Lane plan').")
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
     codec_max_output_bytes: int = Field(1 << 30, ge=1, description="Largest total output a container may declare.")
     codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")

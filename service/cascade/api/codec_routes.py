@@ -235,7 +235,8 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
         lane_tokens=params.lane_tokens or params.segment_tokens or settings.codec_lane_tokens,
         lanes=params.lanes or settings.codec_lanes,
         context=(params.context or "").encode("utf-8"), verify=params.verify,
-        step_budget=0 if params.lane_tokens or params.segment_tokens or params.lanes else settings.codec_lane_steps)
+        step_budget=0 if params.lane_tokens or params.segment_tokens or params.lanes else settings.codec_lane_steps,
+        extra_lanes=settings.codec_lane_extra)
     if len(options.context) > settings.codec_max_context_bytes:
         raise APIError(400, f"context may be at most {settings.codec_max_context_bytes} bytes", param="context")
     if options.top_k >= codec.vocab_size:

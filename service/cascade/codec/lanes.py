@@ -26,23 +26,21 @@ def lane_lengths(tokens: int, lane_tokens: int) -> list[int]:
     return [lane_tokens] * full + ([rest] if rest else [])
 
 
-EXTRA_LANES = 1
-
-
-def plan_lanes(tokens: int, lane_tokens: int, lanes: int, step_budget: int) -> tuple[int, int]:
+def plan_lanes(tokens: int, lane_tokens: int, lanes: int, step_budget: int, extra_lanes: int = 0) -> tuple[int, int]:
     """Lane length and count for an input of ``tokens`` tokens that fits one segment of the default plan
     (``lane_tokens`` × ``lanes``), toward decoding it in at most ``step_budget`` sequential steps.
 
-    Every lane starts from the prompt alone, so each extra lane costs bits, and more the shorter the
-    lanes get (measured, benchmarks/RESULTS.md "Lane plan": pycoder-23m on 4 KB of code, 2 → 3 lanes
-    +1.4 %; on 16 KB, 5 → 10 lanes +9.4 %). So the plan adds at most ``EXTRA_LANES`` lane to the
-    default plan's count, takes the fewest lanes that meet the budget within that, and balances
-    their lengths; never more lanes than ``lanes`` nor longer than ``lane_tokens``. Larger inputs,
-    and a budget of 0, keep the default plan (throughput, not latency, is what they need)."""
+    The longest lane sets the steps, so the lanes are balanced (1,313 tokens: 657 + 656, not
+    1,000 + 313). Every lane starts from the prompt alone, so each *extra* lane costs bits, more the
+    shorter the lanes get (benchmarks/RESULTS.md, "Lane plan": SmolLM2 on 4 KB of code, 2 → 3 lanes
+    +6.2 %; pycoder-23m on 16 KB, 5 → 10 lanes +9.4 %): at most ``extra_lanes`` lanes beyond the
+    default plan's count are added, the fewest that meet the budget. Never more lanes than ``lanes``
+    nor longer than ``lane_tokens``. Larger inputs, and a budget of 0, keep the default plan
+    (throughput, not latency, is what they need)."""
     if step_budget <= 0 or tokens <= step_budget or tokens > lane_tokens * lanes:
         return lane_tokens, lanes
     default_count = -(-tokens // lane_tokens)
-    count = min(lanes, default_count + EXTRA_LANES, -(-tokens // step_budget))
+    count = min(lanes, default_count + max(0, extra_lanes), max(default_count, -(-tokens // step_budget)))
     length = min(lane_tokens, -(-tokens // count))
     return length, -(-tokens // length)
 

@@ -91,8 +91,11 @@ class CompressOptions:
     context: bytes = b""
     verify: bool = False
     step_budget: int = 0
-    """Lane plan for latency (``lanes.plan_lanes``): an input that fits one segment decodes in at most this
-    many sequential steps (0: ``lane_tokens`` and ``lanes`` as given — a request's explicit choice)."""
+    """Lane plan for latency (``lanes.plan_lanes``): an input that fits one segment decodes in balanced lanes,
+    toward at most this many sequential steps (0: ``lane_tokens`` and ``lanes`` as given — a request's
+    explicit choice)."""
+    extra_lanes: int = 0
+    """Lanes the plan may add to the default plan's count to meet ``step_budget`` (each costs bits)."""
 
 
 @dataclass
@@ -226,7 +229,8 @@ class CodecPipeline:
             head, ended, chunks = await peek(chunks, target_bytes)
             if ended:
                 text_tokens = len(self.encode_text(head.decode("utf-8", "replace")))
-                lane_tokens, lanes = plan_lanes(text_tokens, lane_tokens, lanes, options.step_budget)
+                lane_tokens, lanes = plan_lanes(text_tokens, lane_tokens, lanes, options.step_budget,
+                                                options.extra_lanes)
                 target_bytes = max(target_bytes, len(head))
         segmenter = Segmenter(self.encode_text, self.decode_tokens, lane_tokens * lanes, target_bytes=target_bytes)
         writer = ContainerWriter(Header(self.fingerprint, options.precision_bits, options.top_k,

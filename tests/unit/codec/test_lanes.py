@@ -6,7 +6,6 @@ import random
 
 import pytest
 from cascade.codec.lanes import (
-    EXTRA_LANES,
     LaneDecoder,
     LaneSymbols,
     encode_lanes,
@@ -72,24 +71,26 @@ def test_interleaved_lanes_decode_in_lock_step(lengths: list[int], precision: in
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 40_000), st.integers(16, 1000), st.integers(1, 64), st.integers(0, 2000))
+@given(st.integers(1, 40_000), st.integers(16, 1000), st.integers(1, 64), st.integers(0, 2000), st.integers(0, 3))
 def test_the_lane_plan_takes_the_fewest_lanes_within_the_step_budget_and_never_exceeds_the_default(
-        tokens: int, lane_tokens: int, lanes: int, budget: int) -> None:
-    planned_tokens, planned_lanes = plan_lanes(tokens, lane_tokens, lanes, budget)
+        tokens: int, lane_tokens: int, lanes: int, budget: int, extra: int) -> None:
+    planned_tokens, planned_lanes = plan_lanes(tokens, lane_tokens, lanes, budget, extra)
     if budget == 0 or tokens <= budget or tokens > lane_tokens * lanes:
         assert (planned_tokens, planned_lanes) == (lane_tokens, lanes)
         return
     default_count = len(lane_lengths(tokens, lane_tokens))
     assert len(lane_lengths(tokens, planned_tokens)) == planned_lanes and planned_tokens <= lane_tokens
-    assert default_count <= planned_lanes <= min(lanes, default_count + EXTRA_LANES)
+    assert default_count <= planned_lanes <= min(lanes, default_count + extra)
+    assert max(lane_lengths(tokens, planned_tokens)) - min(lane_lengths(tokens, planned_tokens)) < planned_lanes
     if planned_tokens > budget:  # over the budget only when the extra lanes are spent
-        assert planned_lanes == min(lanes, default_count + EXTRA_LANES)
+        assert planned_lanes == min(lanes, default_count + extra)
     else:  # within the budget, with no fewer lanes able to be
-        assert planned_lanes == -(-tokens // min(budget, lane_tokens))
+        assert planned_lanes == max(default_count, -(-tokens // budget))
 
 
-def test_the_lane_plan_of_a_4_kb_file_is_three_balanced_lanes() -> None:
-    assert plan_lanes(1326, 1000, 16, 512) == (442, 3)
-    assert plan_lanes(5300, 1000, 16, 512) == (758, 7)  # one lane more than the default 1000 × 5 + 300
-    assert lane_lengths(1326, 442) == [442, 442, 442]
+def test_the_lane_plan_of_a_4_kb_file_balances_its_two_lanes_or_adds_a_third_when_allowed() -> None:
+    assert plan_lanes(1313, 1000, 16, 512) == (657, 2)
+    assert lane_lengths(1313, 657) == [657, 656]
+    assert plan_lanes(1326, 1000, 16, 512, extra_lanes=1) == (442, 3)
+    assert plan_lanes(5300, 1000, 16, 512, extra_lanes=1) == (758, 7)  # one lane more than 1000 × 5 + 300
     assert plan_lanes(345, 1000, 16, 512) == (1000, 16)  # fits one lane within the budget: unchanged

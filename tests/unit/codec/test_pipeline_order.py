@@ -113,7 +113,7 @@ def test_results_come_out_while_the_source_still_waits_for_input() -> None:
 
 
 def _compress_planned(pipe: CodecPipeline, data: bytes, budget: int) -> bytes:
-    options = CompressOptions(top_k=8, precision_bits=32, lane_tokens=40, lanes=4, step_budget=budget)
+    options = CompressOptions(top_k=8, precision_bits=32, lane_tokens=40, lanes=4, step_budget=budget, extra_lanes=1)
 
     async def main() -> bytes:
         return b"".join([part async for part in pipe.compress(_source(data), options, CompressStats(), "t")])

@@ -10,7 +10,17 @@ The worker loops in *steps*. Each step it
    moment its lane is complete, a segment whose decoder fails (e.g. it read past its payload) leaves
    with all its rows at once and only its own future gets the error;
 3. runs at most one compression *chunk*: prefill of whole lanes of waiting segments, at most
-   ``prefill_tokens`` tokens (at least one lane), so compression interleaves with decoding.
+   ``prefill_tokens`` tokens (at least one lane), so compression interleaves with decoding — while
+   rows decode, only on credit (``_may_prefill``): over any ``S`` decode steps at most
+   ``S · interleave_tokens + prefill_tokens`` tokens of prefill plus one chunk run between them, the
+   wall-clock bound of a waiting decode step in tokens of work ahead of it (a 1 KB decompress
+   beside a large compression waits behind ~64 tokens of prefill per step, not ~1,024).
+
+**Speculation.** Each decode step feeds every row its pending token and a draft of the tokens after
+it (``drafts``: n-grams of the context and the segment's decoded lanes) in one exact multi-position
+pass; a segment's stream then decodes lane by lane, in its fixed interleaved order, while each
+lane's draft matched what was decoded, so a step advances a lane by one token or more and never
+decodes a token from anything but the distribution the encoder used.
 
 **Fairness.** Every job carries a request key (``request=``; one per call unless given). Admission
 and chunk filling serve requests least-recently-served first, one segment (decoding) or one lane
@@ -125,6 +135,7 @@ class RunnerStats:
     row_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    interleaved_prefill_tokens: int = 0
     events: deque[tuple[str, object, int, int]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
 
     def tokens_per_row_step(self) -> float:
@@ -244,13 +255,16 @@ class ExactRunner:
     ``prefill_tokens``: tokens per compression chunk; ``threads``: torch threads of the worker (None:
     the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded);
     ``max_draft``: the longest draft a lane verifies per step (0: no speculation, one token per step);
-    ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones)."""
+    ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones);
+    ``interleave_tokens``: compression prefill tokens per decode step while rows decode (``_may_prefill``)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
-                 draft_source: DraftSourceFactory = ngram_source) -> None:
+                 draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 64) -> None:
         self.model = model
         self.max_draft = max(0, max_draft)
+        self.interleave_tokens = max(1, interleave_tokens)
+        self._prefill_credit = 0
         self.draft_source = draft_source
         self.vocab_size = vocab_size
         self.max_rows = max(1, max_rows)
@@ -468,6 +482,17 @@ class ExactRunner:
                 request.encodes.popleft()
             request.encode_turn = next(self._turns)
 
+    def _may_prefill(self, admitted: list[_DecodeJob]) -> bool:
+        """Whether a compression chunk runs this step (wall-clock fairness): while rows decode, chunks
+        run on credit — each decode step earns ``interleave_tokens``, each chunk spends its tokens — so
+        over any ``S`` decode steps at most ``S · interleave_tokens`` tokens of compression prefill plus
+        one chunk (≤ ``prefill_tokens``, or one lane) run between them. Without decoding rows, chunks
+        run back to back."""
+        if not len(self._cohort) and not admitted:
+            self._prefill_credit = 0
+            return True
+        return self._prefill_credit >= 0
+
     # -- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self.threads)
@@ -479,7 +504,7 @@ class ExactRunner:
                     break
                 gone = self._purge_cancelled()
                 admitted = self._admit()
-                chunk = self._take_chunk()
+                chunk = self._take_chunk() if self._may_prefill(admitted) else []
             for job in gone:
                 self._finish(job, error=RunnerClosedError("the request was cancelled"))
             try:
@@ -544,6 +569,7 @@ class ExactRunner:
         picked = time.perf_counter()
         # counted before any job is answered (a caller may read them as soon as its future is done)
         self.stats.decode_steps += 1
+        self._prefill_credit = min(self.prefill_tokens, self._prefill_credit + self.interleave_tokens)
         self.stats.row_steps += len(drafts)
         self.stats.drafted_tokens += sum(len(d) for d in drafts)
         decoded, keep = self._pick(hidden, starts, drafts)
@@ -655,6 +681,9 @@ class ExactRunner:
             self._finish(job, error=RunnerClosedError("the request was cancelled"))
         if not live:
             return
+        if len(self._cohort):
+            self._prefill_credit -= sum(len(job.prompt) + len(job.lanes[lane]) for job, lane in live)
+            self.stats.interleaved_prefill_tokens += sum(len(job.prompt) + len(job.lanes[lane]) for job, lane in live)
         start = time.perf_counter()
         try:
             columns = self._lane_symbols([(job, job.lanes[lane]) for job, lane in live])
