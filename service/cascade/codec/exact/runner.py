@@ -256,13 +256,16 @@ class ExactRunner:
     the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded);
     ``max_draft``: the longest draft a lane verifies per step (0: no speculation, one token per step);
     ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones);
+    ``pass_positions``: drafts fill a decode pass up to this many positions (rows + draft tokens);
     ``interleave_tokens``: compression prefill tokens per decode step while rows decode (``_may_prefill``)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
-                 draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 64) -> None:
+                 draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 64,
+                 pass_positions: int = 32) -> None:
         self.model = model
         self.max_draft = max(0, max_draft)
+        self.pass_positions = pass_positions
         self.interleave_tokens = max(1, interleave_tokens)
         self._prefill_credit = 0
         self.draft_source = draft_source
@@ -584,14 +587,21 @@ class ExactRunner:
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
 
     def _drafts(self) -> list[list[int]]:
-        """Each row's draft: never past the lane's second-to-last token (its last is never fed)."""
+        """Each row's draft: never past the lane's second-to-last token (its last is never fed), and all
+        drafts of a pass together at most ``pass_positions`` minus the rows: a full batch is already
+        as fast per token as the hardware goes, so drafts only fill a small one (decoding at 32 rows
+        runs as without speculation)."""
+        owners, lanes = self._cohort.owners, self._cohort.lanes
+        room = self.pass_positions - len(owners)
         out: list[list[int]] = []
-        for job, lane in zip(self._cohort.owners, self._cohort.lanes, strict=True):
-            if job.drafts is None:
+        for job, lane in zip(owners, lanes, strict=True):
+            if job.drafts is None or room <= 0:
                 out.append([])
                 continue
             decoded = job.decoded[lane]
-            out.append(job.drafts.propose(lane, decoded, job.lengths[lane] - len(decoded) - 1))
+            draft = job.drafts.propose(lane, decoded, min(room, job.lengths[lane] - len(decoded) - 1))
+            room -= len(draft)
+            out.append(draft)
         return out
 
     def _pick(self, hidden: torch.Tensor, starts: list[int], drafts: list[list[int]]
