@@ -99,9 +99,9 @@ class Settings(BaseSettings):
     )
     codec_lanes: int = Field(16, ge=1, le=64, description="Default lanes per segment (decoded in parallel).")
     codec_lane_steps: int = Field(
-        512, ge=0, description="Lane plan for latency: an input that fits one default segment is cut into balanced "
-        "lanes (the longest lane sets its sequential decode steps), adding up to codec_lane_extra lanes to get "
-        "within this many steps; 0, or a request's lane_tokens/lanes: the plan as given.")
+        768, ge=0, description="Lane plan for latency: an input that fits one default segment gets lanes of this "
+        "many tokens (never shorter: the longest lane sets its sequential decode steps, shorter lanes cost bits), "
+        "adding up to codec_lane_extra lanes to get within it; 0, or a request's lane_tokens/lanes: as given.")
     codec_lane_extra: int = Field(
         0, ge=0, le=64, description="Lanes the lane plan may add to a small input's default lane count (each costs "
         "bits — SmolLM2, 4 KB of code, 2 → 3 lanes: +6.2 %; benchmarks/RESULTS.md, 'Lane plan').")

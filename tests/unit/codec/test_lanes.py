@@ -79,18 +79,17 @@ def test_the_lane_plan_takes_the_fewest_lanes_within_the_step_budget_and_never_e
         assert (planned_tokens, planned_lanes) == (lane_tokens, lanes)
         return
     default_count = len(lane_lengths(tokens, lane_tokens))
-    assert len(lane_lengths(tokens, planned_tokens)) == planned_lanes and planned_tokens <= lane_tokens
+    assert len(lane_lengths(tokens, planned_tokens)) == planned_lanes
+    assert min(budget, lane_tokens) <= planned_tokens <= lane_tokens  # never shorter than the budget needs
     assert default_count <= planned_lanes <= min(lanes, default_count + extra)
-    assert max(lane_lengths(tokens, planned_tokens)) - min(lane_lengths(tokens, planned_tokens)) < planned_lanes
-    if planned_tokens > budget:  # over the budget only when the extra lanes are spent
+    if planned_tokens > budget:  # over the budget only when no lane may be added
         assert planned_lanes == min(lanes, default_count + extra)
-    else:  # within the budget, with no fewer lanes able to be
-        assert planned_lanes == max(default_count, -(-tokens // budget))
 
 
-def test_the_lane_plan_of_a_4_kb_file_balances_its_two_lanes_or_adds_a_third_when_allowed() -> None:
-    assert plan_lanes(1313, 1000, 16, 512) == (657, 2)
-    assert lane_lengths(1313, 657) == [657, 656]
-    assert plan_lanes(1326, 1000, 16, 512, extra_lanes=1) == (442, 3)
+def test_the_lane_plan_of_a_4_kb_file_shortens_its_first_lane_to_the_budget_or_adds_a_lane_when_allowed() -> None:
+    assert plan_lanes(1313, 1000, 16, 768) == (768, 2)
+    assert lane_lengths(1313, 768) == [768, 545]
+    assert plan_lanes(1313, 1000, 16, 512) == (657, 2)  # the budget is out of reach without a third lane
+    assert plan_lanes(1326, 1000, 16, 512, extra_lanes=1) == (512, 3)
     assert plan_lanes(5300, 1000, 16, 512, extra_lanes=1) == (758, 7)  # one lane more than 1000 × 5 + 300
-    assert plan_lanes(345, 1000, 16, 512) == (1000, 16)  # fits one lane within the budget: unchanged
+    assert plan_lanes(345, 1000, 16, 768) == (1000, 16)  # within the budget as one lane: unchanged

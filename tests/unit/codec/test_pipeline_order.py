@@ -122,13 +122,13 @@ def _compress_planned(pipe: CodecPipeline, data: bytes, budget: int) -> bytes:
 
 
 def test_a_small_input_is_planned_as_one_segment_of_shorter_lanes_recorded_in_its_header() -> None:
-    """70 tokens (bytes here) under a budget of 25 steps: one segment of 3 lanes of 24 (the default
-    plan, lanes of 40, would be 2 lanes: one extra lane allowed), header lane_tokens 24; a budget of
-    0 and an input larger than one default segment keep lanes of 40."""
+    """70 tokens (bytes here) under a budget of 25 steps: one segment of lanes of 25 (25 + 25 + 20; the
+    default plan, lanes of 40, would be 2 lanes: one extra lane allowed), header lane_tokens 25; a
+    budget of 0 and an input larger than one default segment keep lanes of 40."""
     pipe = _pipeline(window=2)
     small = bytes(65 + i % 26 for i in range(70))
     planned = parse_container(_compress_planned(pipe, small, 25))
-    assert planned.header.lane_tokens == 24 and len(planned.segments) == 1
+    assert planned.header.lane_tokens == 25 and len(planned.segments) == 1
     assert asyncio.run(_decompress(pipe, _compress_planned(pipe, small, 25))) == small
     assert parse_container(_compress_planned(pipe, small, 0)).header.lane_tokens == 40
     large = bytes(65 + i % 26 for i in range(1000))
