@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact import cache_products
+from cascade.codec.exact import cache_products, root
 
 logger = logging.getLogger("cascade.codec")
 _MAGIC = 1.5 * 2.0**52
@@ -238,14 +238,14 @@ _NO_BIAS = torch.empty(0, dtype=torch.float64).numpy()
 def _roots(x: torch.Tensor, eps: float, squares: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm's per-row roots of ``mean_square + eps`` (``squares``, when ``residual`` computed them).
 
-    The square root is torch's own (``torch.sqrt``), not a kernel's: ``exact-llama-1`` was defined
-    with torch's CPU ``sqrt``, which is MKL's vector square root — within an ulp, not always the
-    correctly rounded one (``model.exact_root``; docs/architecture.md, "The square root")."""
+    The square root is not a kernel's: ``exact-llama-1`` was defined with torch's CPU ``sqrt``, MKL's
+    vector square root, which is not always the correctly rounded one (``root.root``;
+    docs/architecture.md, "The square root")."""
     if squares is None:
         squares = torch.empty(x.shape[0], dtype=torch.float64)
         cache_products.report("fused.mean_squares", x)
         cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
-    return torch.sqrt(squares)
+    return root.root(squares)
 
 
 def norm_quantize(x: torch.Tensor, gain: torch.Tensor, eps: float, squares: torch.Tensor | None = None

@@ -51,7 +51,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from cascade.codec.exact import cache_products, fused, tables
+from cascade.codec.exact import cache_products, fused, root, tables
 from cascade.codec.exact.int8_gemm import int8_gemm_is_exact, int8_matmul
 
 P = ParamSpec("P")
@@ -300,16 +300,9 @@ class QuantLinear:
 
 
 def exact_root(squares: torch.Tensor) -> torch.Tensor:
-    """RMSNorm's square root as ``exact-llama-1`` defines it: torch's CPU ``sqrt`` (MKL's vector root —
-    a function of the value alone, the same for any batch shape, thread count or x86 ISA, but not always
-    the correctly rounded root, which is what a GPU computes). Off the CPU the roots are therefore taken
-    on the host: one value per row, a copy each way. Every other operation is a basic IEEE one, so the
-    device should compute the CPU's integers — the drift known answer checks it at start-up (not yet
-    run on a GPU; docs/architecture.md, "The square root")."""
-    if squares.device.type == "cpu":
-        return torch.sqrt(squares)
-    with cache_products.host_step("model.exact_root", squares):
-        return torch.sqrt(squares.cpu()).to(squares.device)
+    """RMSNorm's per-row roots (``root.root``: ``exact-llama-1``'s machine root, or the correctly
+    rounded one while the drift known answer traces; docs/architecture.md, "The square root")."""
+    return root.root(squares)
 
 
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
