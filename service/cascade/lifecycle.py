@@ -174,7 +174,8 @@ class Gateway:
             logger.warning(moved)
         logger.info("exact codec model loaded", extra={"kernels": model.kernel_summary(), "bytes": model.nbytes()})
         runner = ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens,
-                             s.codec_threads or None, kv_budget_bytes=s.codec_kv_budget_mib << 20)
+                             s.codec_threads or None, kv_budget_bytes=s.codec_kv_budget_mib << 20,
+                             max_draft=s.codec_max_draft, interleave_tokens=s.codec_interleave_tokens)
         self.codec.attach(runner, NUMERICS_VERSION, self.engines.tokenizer, self.engines.fingerprint)
         if s.codec_selftest:
             self.codec_status.set(CodecState.SELF_TEST, "the codec's startup self-test is running")

@@ -68,6 +68,14 @@ class Settings(BaseSettings):
         2048, ge=1, description="Decode KV-cache budget of the exact codec: a segment joins the running rows only "
         "while rows × positions × bytes per position fit; one that never fits is refused (400)."
     )
+    codec_max_draft: int = Field(
+        16, ge=0, le=64, description="Speculative exact decoding: the longest draft (tokens guessed from the context "
+        "and the decoded text) a lane verifies in one pass; decoded bytes and containers are the same for any value "
+        "(0: one token per step).")
+    codec_interleave_tokens: int = Field(
+        64, ge=1, description="Wall-clock fairness: while the exact codec decodes, compression prefill runs on a "
+        "credit of this many tokens per decode step (over S steps at most S × this + codec_prefill_tokens + one "
+        "chunk of prefill sits between them); without decoding, chunks run back to back.")
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the exact codec computes. auto: the engines' device if it passes the codec's "
@@ -90,6 +98,13 @@ class Settings(BaseSettings):
         "max_model_len minus the context)."
     )
     codec_lanes: int = Field(16, ge=1, le=64, description="Default lanes per segment (decoded in parallel).")
+    codec_lane_steps: int = Field(
+        768, ge=0, description="Lane plan for latency: an input that fits one default segment gets lanes of this "
+        "many tokens (never shorter: the longest lane sets its sequential decode steps, shorter lanes cost bits), "
+        "adding up to codec_lane_extra lanes to get within it; 0, or a request's lane_tokens/lanes: as given.")
+    codec_lane_extra: int = Field(
+        0, ge=0, le=64, description="Lanes the lane plan may add to a small input's default lane count (each costs "
+        "bits — SmolLM2, 4 KB of code, 2 → 3 lanes: +6.2 %; benchmarks/RESULTS.md, 'Lane plan').")
     codec_max_input_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest /compress input.")
     codec_max_output_bytes: int = Field(1 << 30, ge=1, description="Largest total output a container may declare.")
     codec_max_segments: int = Field(1 << 20, ge=1, description="Largest segment count in a container.")

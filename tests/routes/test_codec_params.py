@@ -24,12 +24,14 @@ TEXT = {"content-type": "text/plain"}
     ("precision_bits=12", "precision_bits"), ("unknown=1", "unknown"), ("top_k=abc&top_k=5", "top_k"),
     ("lanes=8&lanes=8", "lanes"), ("context=%FF", None), ("context=%ED%A0%80", None),
 ])
-def test_a_bad_query_parameter_is_a_400_naming_it(fake_service: FakeService, query: str, param: str | None) -> None:
+def test_a_bad_query_parameter_is_a_400_naming_it_and_its_code(fake_service: FakeService, query: str,
+                                                                 param: str | None) -> None:
     with fake_service.client() as client:
         r = client.post(f"/compress?{query}", content=b"x", headers=TEXT)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert r.json()["error"]["type"] == "invalid_request_error"
+    assert isinstance(r.json()["error"]["code"], str) and r.json()["error"]["code"]
 
 
 @pytest.mark.parametrize("query", ["lanes=8", "lanes=08", "verify=TRUE", "verify=no", "verify=1", "verify=Yes",

@@ -94,7 +94,7 @@ def _as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, CodecUnavailableError | EngineNotReadyError):
         return APIError(503, str(exc), code="codec_unavailable", headers={"Retry-After": "10"})
     if isinstance(exc, UnicodeDecodeError):
-        return APIError(400, "context must be UTF-8 text", param="context")
+        return APIError(400, "context must be UTF-8 text", param="context", code="invalid_context")
     if isinstance(exc, BodyRefusedError):
         return APIError(exc.status, exc.message, code=exc.code)
     return APIError(500, "Internal server error", code="internal_error")
@@ -159,13 +159,13 @@ def _query_value(key: str, raw: str) -> object:
     if key in _INT_PARAMS:
         if not _ASCII_INT.fullmatch(raw):
             raise APIError(400, f"Invalid query parameter '{key}': an integer written in ASCII digits is required",
-                           param=key)
+                           param=key, code="invalid_parameter")
         return int(raw)
     if key in _BOOL_PARAMS:
         value = _BOOLEANS.get(raw.lower())
         if value is None:
             raise APIError(400, f"Invalid query parameter '{key}': true or false is required (also 1/0, yes/no)",
-                           param=key)
+                           param=key, code="invalid_parameter")
         return value
     return raw
 
@@ -177,11 +177,13 @@ def _query(request: Request) -> dict[str, object]:
         pairs = parse_qsl(request.scope.get("query_string", b"").decode("utf-8"), keep_blank_values=True,
                           errors="strict")
     except UnicodeDecodeError:
-        raise APIError(400, "Invalid query string: percent-encoded bytes must be UTF-8 text") from None
+        raise APIError(400, "Invalid query string: percent-encoded bytes must be UTF-8 text",
+                       code="invalid_query_string") from None
     query: dict[str, object] = {}
     for key, raw in pairs:
         if key in query:
-            raise APIError(400, f"Invalid query parameter '{key}': given more than once", param=key)
+            raise APIError(400, f"Invalid query parameter '{key}': given more than once",
+                           param=key, code="duplicate_parameter")
         query[key] = _query_value(key, raw)
     return query
 
@@ -190,7 +192,7 @@ def _invalid(exc: ValidationError, where: str) -> APIError:
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first["loc"]) or None
     what = f"{where} '{param}'" if param else "request body"
-    return APIError(400, f"Invalid {what}: {first['msg']}", param=param)
+    return APIError(400, f"Invalid {what}: {first['msg']}", param=param, code="invalid_parameter")
 
 
 async def _compress_params(request: Request, settings: Settings) -> tuple[CompressParams, AsyncIterator[bytes]]:
@@ -203,7 +205,7 @@ async def _compress_params(request: Request, settings: Settings) -> tuple[Compre
         if query:
             name = next(iter(query))
             raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
-                                "body", param=name)
+                                "body", param=name, code="parameter_outside_body")
         try:
             body = CompressBody.model_validate_json(await request.body(), strict=True)
         except ValidationError as exc:
@@ -234,13 +236,18 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
         precision_bits=params.precision_bits or settings.codec_precision_bits,
         lane_tokens=params.lane_tokens or params.segment_tokens or settings.codec_lane_tokens,
         lanes=params.lanes or settings.codec_lanes,
-        context=(params.context or "").encode("utf-8"), verify=params.verify)
+        context=(params.context or "").encode("utf-8"), verify=params.verify,
+        step_budget=0 if params.lane_tokens or params.segment_tokens or params.lanes else settings.codec_lane_steps,
+        extra_lanes=settings.codec_lane_extra)
     if len(options.context) > settings.codec_max_context_bytes:
-        raise APIError(400, f"context may be at most {settings.codec_max_context_bytes} bytes", param="context")
+        raise APIError(400, f"context may be at most {settings.codec_max_context_bytes} bytes",
+                       param="context", code="context_too_large")
     if options.top_k >= codec.vocab_size:
-        raise APIError(400, f"top_k must be below the vocabulary size {codec.vocab_size}", param="top_k")
+        raise APIError(400, f"top_k must be below the vocabulary size {codec.vocab_size}",
+                       param="top_k", code="invalid_parameter")
     if codec.max_lane_tokens(len(codec.context_tokens(options.context))) < 16:
-        raise APIError(400, "context leaves no room for text in the model's context window", param="context")
+        raise APIError(400, "context leaves no room for text in the model's context window",
+                       param="context", code="context_too_long")
     stats = CompressStats()
     rid = request_id(request)
     body_done = asyncio.Event()

@@ -26,6 +26,26 @@ def lane_lengths(tokens: int, lane_tokens: int) -> list[int]:
     return [lane_tokens] * full + ([rest] if rest else [])
 
 
+def plan_lanes(tokens: int, lane_tokens: int, lanes: int, step_budget: int, extra_lanes: int = 0) -> tuple[int, int]:
+    """Lane length and count for an input of ``tokens`` tokens that fits one segment of the default plan
+    (``lane_tokens`` × ``lanes``): the plan within ``step_budget`` sequential decode steps (the longest
+    lane's tokens) at the smallest cost in bits, as far as the lanes allow.
+
+    Every lane starts from the prompt alone, so shorter lanes, and above all more lanes, cost bits
+    (benchmarks/RESULTS.md, "Lane plan": SmolLM2, 4 KB of code, 1,000 + 313 → 768 + 545 +2.0 %,
+    → 657 + 656 +3.8 %, → 3 lanes +6.2 %). So the lanes are cut to ``step_budget`` tokens, never
+    shorter (1,313 tokens under a budget of 768: 768 + 545), the count is the default plan's, and
+    only to meet the budget are up to ``extra_lanes`` lanes added (then the fewest that meet it).
+    Never more lanes than ``lanes`` nor longer than ``lane_tokens``. Larger inputs, and a budget of 0,
+    keep the default plan (throughput, not latency, is what they need)."""
+    if step_budget <= 0 or tokens <= step_budget or tokens > lane_tokens * lanes:
+        return lane_tokens, lanes
+    default_count = -(-tokens // lane_tokens)
+    count = min(lanes, default_count + max(0, extra_lanes), max(default_count, -(-tokens // step_budget)))
+    length = min(lane_tokens, max(step_budget, -(-tokens // count)))
+    return length, -(-tokens // length)
+
+
 def split_lanes(tokens: Sequence[int], lane_tokens: int) -> list[list[int]]:
     return [list(tokens[i:i + lane_tokens]) for i in range(0, len(tokens), lane_tokens)]
 

@@ -34,7 +34,7 @@ from cascade.codec.container import (
     check_params,
     encode_segment,
 )
-from cascade.codec.lanes import MAX_LANES, lane_lengths, split_lanes
+from cascade.codec.lanes import MAX_LANES, lane_lengths, plan_lanes, split_lanes
 from cascade.codec.range_coder import PayloadOverrunError
 from cascade.codec.segmenter import Segment, Segmenter
 
@@ -90,6 +90,12 @@ class CompressOptions:
     lanes: int = 16
     context: bytes = b""
     verify: bool = False
+    step_budget: int = 0
+    """Lane plan for latency (``lanes.plan_lanes``): an input that fits one segment decodes in balanced lanes,
+    toward at most this many sequential steps (0: ``lane_tokens`` and ``lanes`` as given — a request's
+    explicit choice)."""
+    extra_lanes: int = 0
+    """Lanes the plan may add to the default plan's count to meet ``step_budget`` (each costs bits)."""
 
 
 @dataclass
@@ -216,8 +222,17 @@ class CodecPipeline:
         context = self.context_tokens(options.context)
         lane_tokens = min(options.lane_tokens, self.max_lane_tokens(len(context)))
         lanes = min(options.lanes, MAX_LANES)
-        segmenter = Segmenter(self.encode_text, self.decode_tokens, lane_tokens * lanes,
-                              target_bytes=lane_tokens * lanes * 3)
+        target_bytes = lane_tokens * lanes * 3
+        if options.step_budget:
+            # The header records the lane length, so it waits until the input is known to be small (it
+            # ended within one segment's bytes) or not: a small input is planned as one segment.
+            head, ended, chunks = await peek(chunks, target_bytes)
+            if ended:
+                text_tokens = len(self.encode_text(head.decode("utf-8", "replace")))
+                lane_tokens, lanes = plan_lanes(text_tokens, lane_tokens, lanes, options.step_budget,
+                                                options.extra_lanes)
+                target_bytes = max(target_bytes, len(head))
+        segmenter = Segmenter(self.encode_text, self.decode_tokens, lane_tokens * lanes, target_bytes=target_bytes)
         writer = ContainerWriter(Header(self.fingerprint, options.precision_bits, options.top_k,
                                         self.vocab_size, self.numerics, lane_tokens,
                                         {"separator_id": self.separator_id}, options.context,
@@ -406,6 +421,29 @@ def overrun_error(what: str, exc: PayloadOverrunError, tokens: int) -> Integrity
     done = f" after {exc.tokens} of its {tokens} tokens" if exc.tokens is not None else ""
     return IntegrityError(f"{what}'s payload ends before its tokens{done}: damaged or forged ({exc})",
                           code="payload_overrun")
+
+
+async def peek(chunks: AsyncIterator[bytes], limit: int) -> tuple[bytes, bool, AsyncIterator[bytes]]:
+    """The stream's first ``limit`` bytes or more (whole chunks), whether it ended within them, and the
+    whole stream again (those bytes first)."""
+    head = bytearray()
+    source = chunks.__aiter__()
+    ended = False
+    while len(head) < limit:
+        try:
+            head += await source.__anext__()
+        except StopAsyncIteration:
+            ended = True
+            break
+
+    async def whole() -> AsyncIterator[bytes]:
+        if head:
+            yield bytes(head)
+        if not ended:
+            async for chunk in source:
+                yield chunk
+
+    return bytes(head), ended, whole()
 
 
 async def counted(chunks: AsyncIterator[bytes], stats: CompressStats) -> AsyncIterator[bytes]:

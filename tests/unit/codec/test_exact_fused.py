@@ -125,7 +125,7 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     expected_cache = [t.clone() for t in cache.keys[:1] + cache.values[:1]]
     expected_cache[0][torch.arange(rows), :, positions] = k.to(torch.int32)
     expected_cache[1][torch.arange(rows), :, positions] = v.to(torch.int32)
-    fused.store(k, v, positions, cache.keys[0], cache.values[0])
+    fused.store(k, v, torch.arange(rows), positions, cache.keys[0], cache.values[0])
     assert torch.equal(cache.keys[0], expected_cache[0]) and torch.equal(cache.values[0], expected_cache[1])
     invalid = (torch.arange(span)[None, :] > positions[:, None])[:, None, None, :]
     q4 = q.view(rows, c.num_kv_heads, group, c.head_dim)

@@ -60,6 +60,29 @@ def test_a_drift_inside_a_layer_names_that_layer(tmp_path: Path) -> None:
         norm.copy_(original)
 
 
+def test_a_machine_with_another_square_root_variant_passes_with_a_note(tmp_path: Path) -> None:
+    """MKL's root differs between CPUs (``codec.exact.root``): the trace uses the neutral root, so
+    such a machine reproduces every digest, and is told that its root is another variant."""
+    model = random_model("llama-mha")
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps(reference(model) | {"root_variant": "another-machine"}))
+    note = check_known_answer(model, path)
+    assert note is not None and "another-machine" in note and "checksum" in note
+    path.write_text(json.dumps(reference(model)))
+    assert check_known_answer(model, path) is None
+
+
+def test_the_traced_root_is_the_correctly_rounded_one_whatever_the_machine() -> None:
+    from cascade.codec.exact import root
+
+    squares = torch.rand(4096, dtype=torch.float64) * 1e6
+    with root.neutral():
+        neutral = root.root(squares)
+    context = decimal.Context(prec=60)
+    assert neutral.tolist() == [float(decimal.Decimal(v).sqrt(context)) for v in squares.tolist()]
+    assert torch.equal(root.root(squares), root.machine_root(squares))
+
+
 def test_a_reference_of_another_numerics_version_is_refused(tmp_path: Path) -> None:
     model = random_model("llama-mha")
     document = reference(model) | {"numerics": "exact-llama-0"}

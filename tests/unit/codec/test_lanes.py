@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes, lane_lengths, split_lanes
+from cascade.codec.lanes import (
+    LaneDecoder,
+    LaneSymbols,
+    encode_lanes,
+    lane_lengths,
+    plan_lanes,
+    split_lanes,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,3 +68,28 @@ def test_interleaved_lanes_decode_in_lock_step(lengths: list[int], precision: in
                 low, freq = symbols.fallback_low[t], symbols.fallback_freq[t]
                 assert low <= decoder.fallback_target() < low + freq
                 decoder.consume_fallback(low, freq)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40_000), st.integers(16, 1000), st.integers(1, 64), st.integers(0, 2000), st.integers(0, 3))
+def test_the_lane_plan_takes_the_fewest_lanes_within_the_step_budget_and_never_exceeds_the_default(
+        tokens: int, lane_tokens: int, lanes: int, budget: int, extra: int) -> None:
+    planned_tokens, planned_lanes = plan_lanes(tokens, lane_tokens, lanes, budget, extra)
+    if budget == 0 or tokens <= budget or tokens > lane_tokens * lanes:
+        assert (planned_tokens, planned_lanes) == (lane_tokens, lanes)
+        return
+    default_count = len(lane_lengths(tokens, lane_tokens))
+    assert len(lane_lengths(tokens, planned_tokens)) == planned_lanes
+    assert min(budget, lane_tokens) <= planned_tokens <= lane_tokens  # never shorter than the budget needs
+    assert default_count <= planned_lanes <= min(lanes, default_count + extra)
+    if planned_tokens > budget:  # over the budget only when no lane may be added
+        assert planned_lanes == min(lanes, default_count + extra)
+
+
+def test_the_lane_plan_of_a_4_kb_file_shortens_its_first_lane_to_the_budget_or_adds_a_lane_when_allowed() -> None:
+    assert plan_lanes(1313, 1000, 16, 768) == (768, 2)
+    assert lane_lengths(1313, 768) == [768, 545]
+    assert plan_lanes(1313, 1000, 16, 512) == (657, 2)  # the budget is out of reach without a third lane
+    assert plan_lanes(1326, 1000, 16, 512, extra_lanes=1) == (512, 3)
+    assert plan_lanes(5300, 1000, 16, 512, extra_lanes=1) == (758, 7)  # one lane more than 1000 × 5 + 300
+    assert plan_lanes(345, 1000, 16, 768) == (1000, 16)  # within the budget as one lane: unchanged

@@ -110,3 +110,26 @@ def test_results_come_out_while_the_source_still_waits_for_input() -> None:
         return seen
 
     assert asyncio.run(main()) == ["result 0", "result 1", "result 2", "input resumes", "result 3"]
+
+
+def _compress_planned(pipe: CodecPipeline, data: bytes, budget: int) -> bytes:
+    options = CompressOptions(top_k=8, precision_bits=32, lane_tokens=40, lanes=4, step_budget=budget, extra_lanes=1)
+
+    async def main() -> bytes:
+        return b"".join([part async for part in pipe.compress(_source(data), options, CompressStats(), "t")])
+
+    return asyncio.run(main())
+
+
+def test_a_small_input_is_planned_as_one_segment_of_shorter_lanes_recorded_in_its_header() -> None:
+    """70 tokens (bytes here) under a budget of 25 steps: one segment of lanes of 25 (25 + 25 + 20; the
+    default plan, lanes of 40, would be 2 lanes: one extra lane allowed), header lane_tokens 25; a
+    budget of 0 and an input larger than one default segment keep lanes of 40."""
+    pipe = _pipeline(window=2)
+    small = bytes(65 + i % 26 for i in range(70))
+    planned = parse_container(_compress_planned(pipe, small, 25))
+    assert planned.header.lane_tokens == 25 and len(planned.segments) == 1
+    assert asyncio.run(_decompress(pipe, _compress_planned(pipe, small, 25))) == small
+    assert parse_container(_compress_planned(pipe, small, 0)).header.lane_tokens == 40
+    large = bytes(65 + i % 26 for i in range(1000))
+    assert parse_container(_compress_planned(pipe, large, 25)).header.lane_tokens == 40

@@ -112,10 +112,10 @@ ALLOWED: dict[str, Allowed] = {
                                "number divisor is refused: CUDA multiplies by its reciprocal instead)"),
     "aten.floor_divide.default": Allowed(_INT, "int64 floor division of the CDF (exact integer arithmetic)"),
     "aten.sqrt.default": Allowed(frozenset({F64}), ("torch's CPU square root (MKL's vector sqrt): within an ulp, "
-                                 "deterministic across x86 ISAs and vendors, but not always the correctly rounded root "
-                                 "(~1 % of inputs); exact-llama-1 is defined by it, so other devices take the per-row "
-                                 "roots on the host (model.exact_root), and the drift known answer, which digests "
-                                 "every layer's output, refuses a machine whose root differs")),
+                                 "not always the correctly rounded root, and another variant on some CPUs "
+                                 "(codec.exact.root); exact-llama-1 is defined by it, so other devices take the "
+                                 "per-row roots on the host (model.exact_root); the drift known answer traces with the "
+                                 "correctly rounded root and reports the machine's root variant")),
     "aten.abs.default": Allowed(frozenset({F64}), "exact"),
     "aten.amax.default": Allowed(frozenset({F64, I64}), "a maximum: exact, order independent"),
     "aten.max.default": Allowed(_INT, "a maximum: exact"),
@@ -152,13 +152,13 @@ ALLOWED: dict[str, Allowed] = {
 
 
 KERNELS: dict[str, Allowed] = {
-    "cache_products.scores": Allowed(frozenset({F64, I32}), "q·k of float64 query integers and the int32 key cache "
-                                     "(numba): every product and partial sum is an integer below 2**53, exact in "
-                                     "any order, vectorised or fused"),
-    "cache_products.weighted": Allowed(frozenset({F64, I32}), "p·v of integer weights ≤ 2**16 and the int32 value "
+    "cache_products.scores": Allowed(frozenset({F64, I32, I64}), "q·k of float64 query integers and the int32 key "
+                                     "cache rows the int64 row index names (numba): every product and partial sum "
+                                     "is an integer below 2**53, exact in any order, vectorised or fused"),
+    "cache_products.weighted": Allowed(frozenset({F64, I32, I64}), "p·v of integer weights ≤ 2**16 and the int32 value "
                                        "cache (numba): integer sums below 2**53, exact in any order"),
     "model.exact_root": Allowed(frozenset({F64}), "off the CPU, RMSNorm's per-row roots taken by the host's "
-                                "torch.sqrt (exact-llama-1's root, a function of the value alone): one float64 per "
+                                "torch.sqrt (exact-llama-1's root, the machine's variant): one float64 per "
                                 "row copied to the CPU and back, exactly; its ops are checked, not their device"),
     "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
                                            "per row (numba): int64 arithmetic within its bounds, nothing rounds"),

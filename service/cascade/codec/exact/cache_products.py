@@ -64,24 +64,26 @@ try:
     _EXACT_SUMS: Any = {"reassoc", "contract"}
 
     @numba.njit(parallel=True, fastmath=_EXACT_SUMS, cache=False, nogil=True)
-    def _scores(q: Any, keys: Any, span: int, out: Any) -> None:  # pragma: no cover - compiled
+    def _scores(q: Any, keys: Any, cache_rows: Any, span: int, out: Any) -> None:  # pragma: no cover - compiled
         rows, heads, group, dim = q.shape
         for rh in prange(rows * heads):
             r = rh // heads
             h = rh - r * heads
+            c = cache_rows[r]
             for j in range(span):
                 for g in range(group):
                     acc = 0.0
                     for d in range(dim):
-                        acc += q[r, h, g, d] * keys[r, h, j, d]
+                        acc += q[r, h, g, d] * keys[c, h, j, d]
                     out[r, h, g, j] = acc
 
     @numba.njit(parallel=True, fastmath=_EXACT_SUMS, cache=False, nogil=True)
-    def _weighted(p: Any, values: Any, span: int, out: Any) -> None:  # pragma: no cover - compiled
+    def _weighted(p: Any, values: Any, cache_rows: Any, span: int, out: Any) -> None:  # pragma: no cover - compiled
         rows, heads, group, dim = out.shape
         for rh in prange(rows * heads):
             r = rh // heads
             h = rh - r * heads
+            c = cache_rows[r]
             for g in range(group):
                 for d in range(dim):
                     out[r, h, g, d] = 0.0
@@ -89,7 +91,7 @@ try:
                 for g in range(group):
                     weight = p[r, h, g, j]
                     for d in range(dim):
-                        out[r, h, g, d] += weight * values[r, h, j, d]
+                        out[r, h, g, d] += weight * values[c, h, j, d]
 
     AVAILABLE = True
 except ImportError:  # pragma: no cover - numba is a pinned dependency; the torch path stays correct
@@ -120,19 +122,29 @@ def _compiles() -> bool:
         return False
 
 
-def scores(q: torch.Tensor, keys: torch.Tensor, span: int) -> torch.Tensor:
-    """``q (rows, kv_heads, group, D) float64 · keys[:, :, :span] (int32)ᵀ`` → ``(rows, kv_heads, group, span)``."""
+def _rows(cache_rows: torch.Tensor | None, rows: int) -> torch.Tensor:
+    return torch.arange(rows, dtype=torch.int64) if cache_rows is None else cache_rows.to(torch.int64).contiguous()
+
+
+def scores(q: torch.Tensor, keys: torch.Tensor, span: int, cache_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``q (rows, kv_heads, group, D) float64 · keys[cache_rows, :, :span] (int32)ᵀ`` → ``(rows, kv_heads, group,
+    span)``; query row ``r`` reads cache row ``cache_rows[r]`` (default ``r``: several queries may share one
+    row, as a verify pass's positions of one lane do)."""
     out = torch.empty(*q.shape[:3], span, dtype=torch.float64)
-    report("cache_products.scores", q, keys)
-    launch(_scores, q.contiguous().numpy(), keys.numpy(), span, out.numpy())
+    index = _rows(cache_rows, q.shape[0])
+    report("cache_products.scores", q, keys, index)
+    launch(_scores, q.contiguous().numpy(), keys.numpy(), index.numpy(), span, out.numpy())
     return out
 
 
-def weighted(p: torch.Tensor, values: torch.Tensor, span: int) -> torch.Tensor:
-    """``p (rows, kv_heads, group, span) float64 · values[:, :, :span] (int32)`` → ``(rows, kv_heads, group, D)``."""
+def weighted(p: torch.Tensor, values: torch.Tensor, span: int, cache_rows: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """``p (rows, kv_heads, group, span) float64 · values[cache_rows, :, :span] (int32)`` → ``(rows, kv_heads,
+    group, D)`` (``cache_rows`` as in ``scores``)."""
     out = torch.empty(*p.shape[:3], values.shape[3], dtype=torch.float64)
-    report("cache_products.weighted", p, values)
-    launch(_weighted, p.contiguous().numpy(), values.numpy(), span, out.numpy())
+    index = _rows(cache_rows, p.shape[0])
+    report("cache_products.weighted", p, values, index)
+    launch(_weighted, p.contiguous().numpy(), values.numpy(), index.numpy(), span, out.numpy())
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact import cache_products
+from cascade.codec.exact import cache_products, root
 
 logger = logging.getLogger("cascade.codec")
 _MAGIC = 1.5 * 2.0**52
@@ -145,13 +145,15 @@ try:
                     v[r, h, i] = min(max(_rint(value * 1024.0), -v_limit), v_limit)
 
     @numba.njit(**_STRICT)
-    def _store(k: Any, v: Any, positions: Any, keys: Any, values: Any) -> None:  # pragma: no cover - compiled
+    def _store(k: Any, v: Any, cache_rows: Any, positions: Any, keys: Any, values: Any
+               ) -> None:  # pragma: no cover - compiled
         for r in prange(k.shape[0]):
+            c = cache_rows[r]
             p = positions[r]
             for h in range(k.shape[1]):
                 for i in range(k.shape[2]):
-                    keys[r, h, p, i] = k[r, h, i]
-                    values[r, h, p, i] = v[r, h, i]
+                    keys[c, h, p, i] = k[r, h, i]
+                    values[c, h, p, i] = v[r, h, i]
 
     @numba.njit(**_STRICT)
     def _weights(scores: Any, positions: Any, to_grid: float, table: Any, sums: Any) -> None:  # pragma: no cover
@@ -236,14 +238,14 @@ _NO_BIAS = torch.empty(0, dtype=torch.float64).numpy()
 def _roots(x: torch.Tensor, eps: float, squares: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm's per-row roots of ``mean_square + eps`` (``squares``, when ``residual`` computed them).
 
-    The square root is torch's own (``torch.sqrt``), not a kernel's: ``exact-llama-1`` was defined
-    with torch's CPU ``sqrt``, which is MKL's vector square root — within an ulp, not always the
-    correctly rounded one (``model.exact_root``; docs/architecture.md, "The square root")."""
+    The square root is not a kernel's: ``exact-llama-1`` was defined with torch's CPU ``sqrt``, MKL's
+    vector square root, which is not always the correctly rounded one (``root.root``;
+    docs/architecture.md, "The square root")."""
     if squares is None:
         squares = torch.empty(x.shape[0], dtype=torch.float64)
         cache_products.report("fused.mean_squares", x)
         cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
-    return torch.sqrt(squares)
+    return root.root(squares)
 
 
 def norm_quantize(x: torch.Tensor, gain: torch.Tensor, eps: float, squares: torch.Tensor | None = None
@@ -305,11 +307,12 @@ def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch
     return q, k, v
 
 
-def store(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
-          ) -> None:
-    """Write each row's key and value integers into its cache row at its position."""
-    cache_products.report("fused.store", k, v, positions, keys, values)
-    cache_products.launch(_store, _np(k), _np(v), _np(positions), _np(keys), _np(values))
+def store(k: torch.Tensor, v: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+          values: torch.Tensor) -> None:
+    """Write query row ``r``'s key and value integers into cache row ``cache_rows[r]`` at ``positions[r]``
+    (distinct (row, position) pairs: a verify pass writes several positions of one row)."""
+    cache_products.report("fused.store", k, v, cache_rows, positions, keys, values)
+    cache_products.launch(_store, _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values))
 
 
 def weights(scores: torch.Tensor, positions: torch.Tensor, to_grid: float, table: torch.Tensor
@@ -398,7 +401,7 @@ def _warm_up(float_products: bool) -> None:
             torch.zeros(1, 2, dtype=torch.float64), 2, 2, 2, 8.0, 8.0)
     k = torch.zeros(2, 1, 4, dtype=torch.float64)
     cache = torch.zeros(2, 1, 3, 4, dtype=torch.int32)
-    store(k, k, torch.zeros(2, dtype=torch.int64), cache, cache.clone())
+    store(k, k, torch.arange(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), cache, cache.clone())
     digits, steps = norm_digits(x, gain, 1e-6)
     integer_logits(digits.to(torch.int32), steps, scale)
     _, sums = weights(torch.zeros(2, 1, 2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1.0,

@@ -51,7 +51,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from cascade.codec.exact import cache_products, fused, tables
+from cascade.codec.exact import cache_products, fused, root, tables
 from cascade.codec.exact.int8_gemm import int8_gemm_is_exact, int8_matmul
 
 P = ParamSpec("P")
@@ -300,16 +300,9 @@ class QuantLinear:
 
 
 def exact_root(squares: torch.Tensor) -> torch.Tensor:
-    """RMSNorm's square root as ``exact-llama-1`` defines it: torch's CPU ``sqrt`` (MKL's vector root —
-    a function of the value alone, the same for any batch shape, thread count or x86 ISA, but not always
-    the correctly rounded root, which is what a GPU computes). Off the CPU the roots are therefore taken
-    on the host: one value per row, a copy each way. Every other operation is a basic IEEE one, so the
-    device should compute the CPU's integers — the drift known answer checks it at start-up (not yet
-    run on a GPU; docs/architecture.md, "The square root")."""
-    if squares.device.type == "cpu":
-        return torch.sqrt(squares)
-    with cache_products.host_step("model.exact_root", squares):
-        return torch.sqrt(squares.cpu()).to(squares.device)
+    """RMSNorm's per-row roots (``root.root``: ``exact-llama-1``'s machine root, or the correctly
+    rounded one while the drift known answer traces; docs/architecture.md, "The square root")."""
+    return root.root(squares)
 
 
 def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
@@ -572,18 +565,22 @@ class ExactLlama:
         index = rint_(torch.sub(top, scores, out=scores).mul_(self.score_to_grid).clamp_(max=last))
         return self.att_exp[index.to(torch.int64)]
 
-    def _attend_cached(self, q: torch.Tensor, cache: KVCache, layer: int, span: int, invalid: torch.Tensor
-                       ) -> torch.Tensor:
-        """Decode-step attention of q (rows, kv_heads, group, D) over the first ``span`` cached
-        positions. With the cache kernels (``cache_products``) the int32 cache is read directly;
-        otherwise a few rows at a time: each chunk's integer keys and values become float64 in a
-        buffer of at most ``_KV_BLOCK_ELEMENTS`` (cache-resident) instead of one copy of the whole
-        context — the same values, so the same bits, at a fraction of the memory traffic."""
+    def _attend_cached(self, q: torch.Tensor, cache: KVCache, layer: int, span: int, invalid: torch.Tensor,
+                       cache_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode-step attention of q (queries, kv_heads, group, D) over the first ``span`` cached
+        positions of each query's cache row (``cache_rows``; default: query ``r`` reads row ``r``). With
+        the cache kernels (``cache_products``) the int32 cache is read directly; otherwise a few queries
+        at a time: each chunk's integer keys and values become float64 in a buffer of at most
+        ``_KV_BLOCK_ELEMENTS`` (cache-resident) instead of one copy of the whole context — the same
+        values, so the same bits, at a fraction of the memory traffic."""
         rows = q.shape[0]
         keys, values = cache.keys[layer], cache.values[layer]
         if self._cache_kernels:
-            p = self._weights(cache_products.scores(q, keys, span), invalid)
-            return cache_products.weighted(p, values, span) / (p.sum(dim=-1, keepdim=True) * self._v_unit)
+            p = self._weights(cache_products.scores(q, keys, span, cache_rows), invalid)
+            return (cache_products.weighted(p, values, span, cache_rows)
+                    / (p.sum(dim=-1, keepdim=True) * self._v_unit))
+        if cache_rows is not None:
+            keys, values = keys[cache_rows], values[cache_rows]
         chunk = max(1, _KV_BLOCK_ELEMENTS // (keys.shape[1] * span * keys.shape[3]))
         if chunk >= rows:
             return self._attend(q, keys[:, :, :span].to(torch.float64), values[:, :, :span].to(torch.float64), invalid)
@@ -710,12 +707,31 @@ class ExactLlama:
 
     @_exact_pass
     def step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One token for every cache row at its next position; returns final hidden states."""
+        """One token for every cache row at its next position (the rows' lengths advance by one);
+        returns final hidden states."""
+        positions = cache.lengths
+        hidden = self.verify(tokens, cache, torch.arange(tokens.shape[0], device=self.device), positions)
+        cache.lengths = positions + 1
+        return hidden
+
+    @_exact_pass
+    def verify(self, tokens: torch.Tensor, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor
+               ) -> torch.Tensor:
+        """Token ``j`` at position ``positions[j]`` of cache row ``cache_rows[j]``; returns final hidden states.
+
+        The multi-position pass of speculative decoding: a lane's fed token and its draft are queries of
+        one row at consecutive positions. Every query's key and value are stored before any query
+        attends, and query ``j`` sees its row's positions ``≤ positions[j]``, so each position gets
+        exactly the hidden state a step-by-step decode (or a prefill) gives it: every row of the pass
+        depends only on its own inputs and exact sums. Positions past a row's length must be consecutive
+        from it; lengths are the caller's to set (only accepted positions count: later ones are
+        overwritten before they are read again, and masked until then)."""
         self._check_cache(cache)
         c = self.config
         dev = self.device
         group = c.num_heads // c.num_kv_heads
-        positions = cache.lengths
+        positions = positions.to(device=dev, dtype=torch.int64)
+        cache_rows = cache_rows.to(device=dev, dtype=torch.int64)
         span = int(positions.max()) + 1
         if span > cache.capacity:
             raise ValueError("a row's cache is full")
@@ -725,24 +741,24 @@ class ExactLlama:
             def cached(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
                 keys, values = cache.keys[li], cache.values[li]
-                fused.store(k, v, positions, keys, values)
-                scores = cache_products.scores(q.view(n, c.num_kv_heads, group, c.head_dim), keys, span)
+                fused.store(k, v, cache_rows, positions, keys, values)
+                scores = cache_products.scores(q.view(n, c.num_kv_heads, group, c.head_dim), keys, span, cache_rows)
                 p, sums = fused.weights(scores, positions, self.score_to_grid, self.att_exp)
-                return fused.normalise_quantize(cache_products.weighted(p, values, span), sums, float(1 << _V_BITS))
+                return fused.normalise_quantize(cache_products.weighted(p, values, span, cache_rows), sums,
+                                                float(1 << _V_BITS))
 
             x = self._fused_layers(x, positions, cached)
         else:
             invalid = (torch.arange(span, device=dev)[None, :] > positions[:, None])[:, None, None, :]
-            at = torch.arange(n, device=dev)
             for li, layer in enumerate(self.layers):
                 q, k, v = self._qkv(layer, x, positions)
-                cache.keys[li][at, :, positions] = k.to(cache.dtype)
-                cache.values[li][at, :, positions] = v.to(cache.dtype)
-                out = self._attend_cached(q.view(n, c.num_kv_heads, group, c.head_dim), cache, li, span, invalid)
+                cache.keys[li][cache_rows, :, positions] = k.to(cache.dtype)
+                cache.values[li][cache_rows, :, positions] = v.to(cache.dtype)
+                out = self._attend_cached(q.view(n, c.num_kv_heads, group, c.head_dim), cache, li, span, invalid,
+                                          cache_rows)
                 x = x + layer["o"](out.reshape(n, -1))
                 x = x + self._mlp(layer, x)
                 self._traced(f"layer{li}", x)
-        cache.lengths = positions + 1
         return x
 
     @_exact_pass

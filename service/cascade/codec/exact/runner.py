@@ -10,7 +10,17 @@ The worker loops in *steps*. Each step it
    moment its lane is complete, a segment whose decoder fails (e.g. it read past its payload) leaves
    with all its rows at once and only its own future gets the error;
 3. runs at most one compression *chunk*: prefill of whole lanes of waiting segments, at most
-   ``prefill_tokens`` tokens (at least one lane), so compression interleaves with decoding.
+   ``prefill_tokens`` tokens (at least one lane), so compression interleaves with decoding — while
+   rows decode, only on credit (``_may_prefill``): over any ``S`` decode steps at most
+   ``S · interleave_tokens + prefill_tokens`` tokens of prefill plus one chunk run between them, the
+   wall-clock bound of a waiting decode step in tokens of work ahead of it (a 1 KB decompress
+   beside a large compression waits behind ~64 tokens of prefill per step, not ~1,024).
+
+**Speculation.** Each decode step feeds every row its pending token and a draft of the tokens after
+it (``drafts``: n-grams of the context and the segment's decoded lanes) in one exact multi-position
+pass; a segment's stream then decodes lane by lane, in its fixed interleaved order, while each
+lane's draft matched what was decoded, so a step advances a lane by one token or more and never
+decodes a token from anything but the distribution the encoder used.
 
 **Fairness.** Every job carries a request key (``request=``; one per call unless given). Admission
 and chunk filling serve requests least-recently-served first, one segment (decoding) or one lane
@@ -61,6 +71,7 @@ import torch
 
 from cascade.codec.container import ContainerError
 from cascade.codec.exact.cohort import Cohort, bytes_per_row_position
+from cascade.codec.exact.drafts import DraftSourceFactory, SegmentDrafts, ngram_source
 from cascade.codec.exact.frequencies import ESCAPE_BITS, escape_tables, frequency_tables, rank_to_token, token_intervals
 from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama
 from cascade.codec.lanes import LaneDecoder, LaneSymbols, encode_lanes
@@ -120,7 +131,16 @@ class RunnerStats:
     encode_model_seconds: float = 0.0
     encode_coder_seconds: float = 0.0
     peak_kv_bytes: int = 0
+    decoded_tokens: int = 0
+    row_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    interleaved_prefill_tokens: int = 0
     events: deque[tuple[str, object, int, int]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
+
+    def tokens_per_row_step(self) -> float:
+        """Mean tokens a decoding lane advanced per step (1.0 without speculation)."""
+        return self.decoded_tokens / self.row_steps if self.row_steps else 0.0
 
     def pick_share(self) -> float:
         """Share of decode-step time spent picking tokens (frequency tables + range decoder)."""
@@ -170,6 +190,8 @@ class _DecodeJob(_Job):
     decoded: list[list[int]] = field(default_factory=list)
     lanes_left: int = 0
     coder: LaneDecoder | None = None
+    next_lane: int = 0
+    drafts: SegmentDrafts | None = None
 
 
 def ideal_bits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -194,16 +216,59 @@ def escaped_token(coder: LaneDecoder, logits: torch.Tensor, row_ids: npt.NDArray
     return token
 
 
+class _Distributions:
+    """A decode pass's coding tables per query row, built on demand: ``build`` computes the integer logits
+    and frequency tables of some rows (grouped by coding settings); ``where[q]`` is row ``q``'s group's
+    flat ids and CDF (memoryviews: Python ints per item, no per-row copies) and where its row starts."""
+
+    def __init__(self, model: ExactLlama, hidden: torch.Tensor, settings: list[tuple[int, int]]) -> None:
+        self.model = model
+        self.hidden = hidden
+        self.settings = settings
+        self.where: dict[int, tuple[memoryview, memoryview, int, int]] = {}
+        self._logits: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def build(self, queries: list[int]) -> None:
+        device = self.hidden.device
+        logits = self.model.logits(self.hidden[torch.tensor(queries, dtype=torch.int64, device=device)])
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j, q in enumerate(queries):
+            groups.setdefault(self.settings[q], []).append(j)
+            self._logits[q] = (logits, j)
+        for (top_k, precision), rows in groups.items():
+            ids, cdf = frequency_tables(logits[rows], top_k, precision)
+            flat_ids = np.ascontiguousarray(ids.cpu().numpy()).reshape(-1).data
+            flat_cdf = np.ascontiguousarray(cdf.cpu().numpy()).reshape(-1).data
+            for k, j in enumerate(rows):
+                self.where[queries[j]] = (flat_ids, flat_cdf, k * top_k, k * (top_k + 2))
+
+    def logits_row(self, q: int) -> torch.Tensor:
+        """Row ``q``'s integer logits as ``(1, vocab)`` (for an escaped token's table)."""
+        logits, j = self._logits[q]
+        return logits[j:j + 1]
+
+
 class ExactRunner:
     """Thread-safe front: ``encode``/``decode`` are awaitable from any event loop.
 
     ``max_rows``: KV rows decoded together (a segment with more lanes runs alone);
     ``prefill_tokens``: tokens per compression chunk; ``threads``: torch threads of the worker (None:
-    the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded)."""
+    the constructing thread's count); ``kv_budget_bytes``: the decode cache's budget (None: unbounded);
+    ``max_draft``: the longest draft a lane verifies per step (0: no speculation, one token per step);
+    ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones);
+    ``pass_positions``: drafts fill a decode pass up to this many positions (rows + draft tokens);
+    ``interleave_tokens``: compression prefill tokens per decode step while rows decode (``_may_prefill``)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
-                 threads: int | None = None, *, kv_budget_bytes: int | None = None) -> None:
+                 threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
+                 draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 64,
+                 pass_positions: int = 32) -> None:
         self.model = model
+        self.max_draft = max(0, max_draft)
+        self.pass_positions = pass_positions
+        self.interleave_tokens = max(1, interleave_tokens)
+        self._prefill_credit = 0
+        self.draft_source = draft_source
         self.vocab_size = vocab_size
         self.max_rows = max(1, max_rows)
         self.prefill_tokens = max(1, prefill_tokens)
@@ -420,6 +485,17 @@ class ExactRunner:
                 request.encodes.popleft()
             request.encode_turn = next(self._turns)
 
+    def _may_prefill(self, admitted: list[_DecodeJob]) -> bool:
+        """Whether a compression chunk runs this step (wall-clock fairness): while rows decode, chunks
+        run on credit — each decode step earns ``interleave_tokens``, each chunk spends its tokens — so
+        over any ``S`` decode steps at most ``S · interleave_tokens`` tokens of compression prefill plus
+        one chunk (≤ ``prefill_tokens``, or one lane) run between them. Without decoding rows, chunks
+        run back to back."""
+        if not len(self._cohort) and not admitted:
+            self._prefill_credit = 0
+            return True
+        return self._prefill_credit >= 0
+
     # -- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self.threads)
@@ -431,7 +507,7 @@ class ExactRunner:
                     break
                 gone = self._purge_cancelled()
                 admitted = self._admit()
-                chunk = self._take_chunk()
+                chunk = self._take_chunk() if self._may_prefill(admitted) else []
             for job in gone:
                 self._finish(job, error=RunnerClosedError("the request was cancelled"))
             try:
@@ -466,6 +542,8 @@ class ExactRunner:
                 continue
             job.decoded = [[] for _ in job.lengths]
             job.lanes_left = job.rows
+            if self.max_draft:
+                job.drafts = SegmentDrafts(self.draft_source(), job.prompt, len(job.lengths), self.max_draft)
             lanes = [lane for lane, n in enumerate(job.lengths) if n]
             joining.append((job, job.prompt, lanes, job.need))
             self.stats.events.append(("decode-start", job.request.key, job.queued_step, self.stats.steps))
@@ -479,79 +557,130 @@ class ExactRunner:
             self._encode_chunk(chunk)
 
     def _decode_step(self) -> None:
+        """Every row feeds its pending token and its lane's draft in one pass; each segment's stream then
+        decodes as far as the pass's distributions reach (``_pick``); rows keep only decoded positions."""
         cohort = self._cohort
         for job in {job for job in cohort.owners if job.cancelled and not job.done}:
             self._finish(job, error=RunnerClosedError("the request was cancelled"))
         cohort.keep([i for i, job in enumerate(cohort.owners) if not job.done])
         if not len(cohort):
             return
-        assert cohort.hidden is not None
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
         start = time.perf_counter()
-        logits = self.model.logits(cohort.hidden)
+        drafts = self._drafts()
+        hidden, starts = cohort.step(drafts)
         picked = time.perf_counter()
-        tokens, keep = self._pick(logits)
+        # counted before any job is answered (a caller may read them as soon as its future is done)
+        self.stats.decode_steps += 1
+        self._prefill_credit = min(self.prefill_tokens, self._prefill_credit + self.interleave_tokens)
+        self.stats.row_steps += len(drafts)
+        self.stats.drafted_tokens += sum(len(d) for d in drafts)
+        decoded, keep = self._pick(hidden, starts, drafts)
         model_start = time.perf_counter()
+        cohort.advance([len(tokens) for tokens in decoded],
+                       [tokens[-1] if tokens else pending for tokens, pending in zip(decoded, cohort.pending,
+                                                                                     strict=True)])
         cohort.keep(keep)
-        if len(cohort):
-            cohort.step(tokens[torch.tensor(keep)])
         end = time.perf_counter()
         self.stats.model_seconds += (picked - start) + (end - model_start)
         self.stats.pick_seconds += model_start - picked
-        self.stats.decode_steps += 1
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
 
-    def _pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """Each row's next token from its segment's stream, lanes in order (``encode_lanes``'s order);
-        returns the tokens and the rows still running. Frequency tables are built for all rows of all
-        segments sharing settings at once; the per-row work is the coder and a bisection."""
+    def _drafts(self) -> list[list[int]]:
+        """Each row's draft: never past the lane's second-to-last token (its last is never fed), and all
+        drafts of a pass together at most ``pass_positions`` minus the rows: a full batch is already
+        as fast per token as the hardware goes, so drafts only fill a small one (decoding at 32 rows
+        runs as without speculation)."""
+        owners, lanes = self._cohort.owners, self._cohort.lanes
+        room = self.pass_positions - len(owners)
+        out: list[list[int]] = []
+        for job, lane in zip(owners, lanes, strict=True):
+            if job.drafts is None or room <= 0:
+                out.append([])
+                continue
+            decoded = job.decoded[lane]
+            draft = job.drafts.propose(lane, decoded, min(room, job.lengths[lane] - len(decoded) - 1))
+            room -= len(draft)
+            out.append(draft)
+        return out
+
+    def _pick(self, hidden: torch.Tensor, starts: list[int], drafts: list[list[int]]
+              ) -> tuple[list[list[int]], list[int]]:
+        """Each segment's tokens from its stream, in the order ``encode_lanes`` wrote them: lanes in turn,
+        from the lane whose symbol is next, each from its next distribution of this pass, while that
+        distribution is valid — the row's draft matched every token decoded before it. Returns the
+        tokens each row decoded and the rows still running. Logits and frequency tables are built for
+        every row's first position at once, and for a row's drafted positions only once the walk reaches
+        them (``_Distributions``); the per-token work is the coder and a bisection."""
         owners: list[_DecodeJob] = self._cohort.owners
         lanes = self._cohort.lanes
         n = len(owners)
-        # Per row: its group's flat ids and CDF (memoryviews: Python ints per item, no per-row copies)
-        # and where its row starts in them.
-        where: list[tuple[memoryview, memoryview, int, int]] = [(memoryview(b""), memoryview(b""), 0, 0)] * n
-        groups: dict[tuple[int, int], list[int]] = {}
+        settings = [(job.top_k, job.precision_bits) for i, job in enumerate(owners) for _ in range(1 + len(drafts[i]))]
+        tables = _Distributions(self.model, hidden, settings)
+        tables.build(starts)
+        decoded: list[list[int]] = [[] for _ in range(n)]
+        segments: dict[_DecodeJob, list[int]] = {}
         for i, job in enumerate(owners):
-            groups.setdefault((job.top_k, job.precision_bits), []).append(i)
-        for (top_k, precision), rows in groups.items():
-            ids, cdf = frequency_tables(logits[rows], top_k, precision)
-            flat_ids = np.ascontiguousarray(ids.cpu().numpy()).reshape(-1).data
-            flat_cdf = np.ascontiguousarray(cdf.cpu().numpy()).reshape(-1).data
-            for j, i in enumerate(rows):
-                where[i] = (flat_ids, flat_cdf, j * top_k, j * (top_k + 2))
-        picked = [0] * n
-        keep: list[int] = []
-        for i, job in enumerate(owners):
-            if job.done:
-                continue
-            ids_of, cdf, at_ids, at = where[i]
-            top_k = job.top_k
+            segments.setdefault(job, []).append(i)
+        for job, rows in segments.items():
+            if not job.done:
+                self._decode_segment(job, rows, tables, starts, drafts, decoded)
+        keep = [i for i, job in enumerate(owners)
+                if not job.done and len(job.decoded[lanes[i]]) < job.lengths[lanes[i]]]
+        return decoded, keep
+
+    def _decode_segment(self, job: _DecodeJob, rows: list[int], tables: _Distributions, starts: list[int],
+                        drafts: list[list[int]], decoded: list[list[int]]) -> None:
+        """Walk ``job``'s stream over its rows (lane order) from lane ``job.next_lane``; see ``_pick``."""
+        lanes = self._cohort.lanes
+        running = list(rows)
+        at = next(k for k, r in enumerate(running) if lanes[r] == job.next_lane)
+        coder = job.coder
+        assert coder is not None
+        top_k = job.top_k
+        while running:
+            r = running[at]
+            used = len(decoded[r])
+            draft = drafts[r]
+            if used > len(draft) or (used and decoded[r][-1] != draft[used - 1]):
+                break  # this lane's next distribution was not computed: the stream waits for the next pass
+            q = starts[r] + used
+            if q not in tables.where:
+                tables.build(list(range(q, starts[r] + 1 + len(draft))))
+            ids_of, cdf, at_ids, base = tables.where[q]
             try:
-                coder = job.coder
-                assert coder is not None
-                symbol = min(max(bisect.bisect_right(cdf, coder.target(), at, at + top_k + 2) - 1 - at, 0), top_k)
-                low = cdf[at + symbol]
-                coder.consume(low, cdf[at + symbol + 1] - low)
+                symbol = min(max(bisect.bisect_right(cdf, coder.target(), base, base + top_k + 2) - 1 - base, 0),
+                             top_k)
+                low = cdf[base + symbol]
+                coder.consume(low, cdf[base + symbol + 1] - low)
                 if symbol < top_k:
                     token = ids_of[at_ids + symbol]
                 else:
                     row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
-                    token = escaped_token(coder, logits[i:i + 1], row_ids, job.weighted_escapes)
+                    token = escaped_token(coder, tables.logits_row(q), row_ids, job.weighted_escapes)
             except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
                 self._finish(job, error=exc)
-                continue
-            decoded = job.decoded[lanes[i]]
-            decoded.append(token)
-            picked[i] = token
-            if len(decoded) < job.lengths[lanes[i]]:
-                keep.append(i)
+                return
+            decoded[r].append(token)
+            self.stats.decoded_tokens += 1
+            self.stats.accepted_tokens += used > 0
+            lane = lanes[r]
+            job.decoded[lane].append(token)
+            if len(job.decoded[lane]) < job.lengths[lane]:
+                at += 1
             else:
+                running.pop(at)
                 job.lanes_left -= 1
                 if job.lanes_left == 0:
                     self.stats.events.append(("decode-done", job.request.key, job.queued_step, self.stats.steps))
                     self._finish(job, job.decoded)
-        return torch.tensor(picked, dtype=torch.int64), [i for i in keep if not owners[i].done]
+                    return
+            if running:
+                at %= len(running)
+        job.next_lane = lanes[running[at]]
+        if job.drafts is not None:
+            for r in rows:
+                job.drafts.record(lanes[r], len(drafts[r]), max(0, len(decoded[r]) - 1), decoded[r])
 
     def _fallback_total(self, job: _Job) -> int:
         return 1 << ESCAPE_BITS if job.weighted_escapes else self.vocab_size - job.top_k
@@ -562,6 +691,9 @@ class ExactRunner:
             self._finish(job, error=RunnerClosedError("the request was cancelled"))
         if not live:
             return
+        if len(self._cohort):
+            self._prefill_credit -= sum(len(job.prompt) + len(job.lanes[lane]) for job, lane in live)
+            self.stats.interleaved_prefill_tokens += sum(len(job.prompt) + len(job.lanes[lane]) for job, lane in live)
         start = time.perf_counter()
         try:
             columns = self._lane_symbols([(job, job.lanes[lane]) for job, lane in live])
