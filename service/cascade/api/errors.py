@@ -33,6 +33,24 @@ _TYPES = {
     503: "service_unavailable",
     504: "timeout_error",
 }
+# The code of an error raised without one: every error names a code clients can branch on.
+_DEFAULT_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limit_exceeded",
+    431: "headers_too_large",
+    500: "internal_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 MAX_MESSAGE_CHARS = 500
 
 
@@ -55,6 +73,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "… (truncated)"
     message = message.encode("utf-8", "replace").decode("utf-8")
+    if code is None:
+        code = "invalid_parameter" if status == 400 and param else _DEFAULT_CODES.get(status, "error")
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
                       "param": param, "code": code}}
 
