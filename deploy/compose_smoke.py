@@ -207,13 +207,14 @@ class Stack:
         self.compose("up", "-d", "--no-build", SERVICE)
         container = self.compose("ps", "-q", SERVICE).stdout.strip()
         while True:
-            state = run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.Health.Status}}", container],
-                        quiet=True).stdout.split()
-            if state == ["running", "healthy"]:
+            state = run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.Health.Status}} {{.RestartCount}}",
+                         container], quiet=True).stdout.split()
+            if state[:2] == ["running", "healthy"]:
                 return time.monotonic() - started
-            if state[0] in ("exited", "dead") or time.monotonic() - started > timeout:
+            if state[0] in ("exited", "dead") or state[2] != "0" or time.monotonic() - started > timeout:
                 logs = self.compose("logs", "--tail", "40", SERVICE, check=False).stdout
-                raise SmokeFailure(f"the gateway did not turn healthy ({' '.join(state)}):\n{logs[-4000:]}")
+                raise SmokeFailure(f"the gateway did not turn healthy (status, health, restarts: "
+                                   f"{' '.join(state)}):\n{logs[-4000:]}")
             time.sleep(3)
 
     def exec(self, script: str) -> str:
