@@ -14,14 +14,16 @@ its target is up. Grafana's image is out of reach here: its provisioning and das
 validated as files (tests/deploy/test_deploy_manifests.py).
 
 Standard library only (runs with any Python 3.11). It starts ``dockerd`` when no engine answers and
-it may (root), and stops everything it started: the compose project (``cascade-smoke``, volumes
-included), Prometheus, that ``dockerd``. Images stay, so a rerun reuses the build cache. Where no
-engine can start it says so and exits 1.
+it may (root), and stops everything it started: the compose project (``cascade-smoke-<checkout>``,
+volumes included), Prometheus, that ``dockerd``. Image and project names carry a hash of the
+checkout's path, so two checkouts can run it on one engine at once. Images stay, so a rerun
+reuses the build cache. Where no engine can start it says so and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -41,9 +43,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT = "cascade-smoke"
+# Per checkout, so smokes of two checkouts on one engine neither share an image nor stop each other's stack.
+CHECKOUT = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
+PROJECT = f"cascade-smoke-{CHECKOUT}"
 SERVICE = "cascade-cpu"
-IMAGE = "cascade-cpu:0.1.0"
+IMAGE = f"cascade-cpu:smoke-{CHECKOUT}"
 DEFAULT_BASE = "python:3.11-slim"
 OFFLINE_BASE = "cascade-base:bookworm"
 TORCH = "torch==2.13.0+cpu"
@@ -366,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             base = base_image(args.base_image)
             with build_extras(host_ca=not args.no_host_ca):
                 timings.append((f"image build (base {base})", build_image(base)))
-            env = {**os.environ, "CASCADE_API_KEY": secrets.token_urlsafe(16),
+            env = {**os.environ, "CASCADE_API_KEY": secrets.token_urlsafe(16), "CASCADE_CPU_IMAGE": IMAGE,
                    "CASCADE_PUBLISHED_PORT": str(free_port()), "CASCADE_BASE_IMAGE": base}
             env["CASCADE_MODEL"] = model or "/opt/cascade/models/pycoder-23m"
             stack = Stack(compose, env)
