@@ -202,6 +202,7 @@ class Stack:
         self.env = env
         self.port = int(env["CASCADE_PUBLISHED_PORT"])
         self.key = env["CASCADE_API_KEY"]
+        self.failures: list[str] = []
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run([*self.base, *args], env=self.env, timeout=timeout, check=check)
@@ -268,12 +269,14 @@ def check_routes(stack: Stack) -> str:
         raise SmokeFailure(f"the greedy answer given as its own prediction was not accepted: {details}")
     say(f"prediction: {details['accepted_prediction_tokens']} tokens accepted")
     status, container = stack.request("POST", "/compress", SAMPLE, content_type="text/plain")
-    if status != 200:
-        raise SmokeFailure(f"/compress: {status} {container[:300]!r}")
-    status, restored = stack.request("POST", "/decompress", container, content_type="application/octet-stream")
-    if status != 200 or restored != SAMPLE:
-        raise SmokeFailure(f"/decompress did not give the input back ({status}, {len(restored)} bytes)")
-    say(f"codec: {len(SAMPLE)} bytes -> {len(container)} bytes -> the same {len(restored)} bytes")
+    if status != 200:  # the other checks still run, so one run shows every failure
+        stack.failures.append(f"/compress: {status} {container[:400]!r}")
+        say(f"FAILED /compress: {status} {container[:400]!r}")
+    else:
+        status, restored = stack.request("POST", "/decompress", container, content_type="application/octet-stream")
+        if status != 200 or restored != SAMPLE:
+            raise SmokeFailure(f"/decompress did not give the input back ({status}, {len(restored)} bytes)")
+        say(f"codec: {len(SAMPLE)} bytes -> {len(container)} bytes -> the same {len(restored)} bytes")
     kcbs = stack.json("POST", "/v1/kcbs", {"model": model, "prompt": "def add(a, b):\n", "beam_width": 2,
                                            "steps": 4})
     if not kcbs["sequences"] or not 0 < kcbs["captured_probability"] <= 1:
@@ -393,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 again = check_routes(stack)
                 say(f"{model} survived down && up (same model card; greedy chat "
                     f"{'identical' if again == answer else 'differs'})")
+            if stack.failures:
+                raise SmokeFailure("; ".join(stack.failures))
     except SmokeFailure as failure:
         print(f"compose-smoke: FAILED: {failure}", file=sys.stderr)
         return 1
