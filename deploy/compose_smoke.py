@@ -399,13 +399,18 @@ def main(argv: list[str] | None = None) -> int:
             if stack.failures:
                 raise SmokeFailure("; ".join(stack.failures))
     except SmokeFailure as failure:
+        print_timings(timings)
         print(f"compose-smoke: FAILED: {failure}", file=sys.stderr)
         return 1
+    print_timings(timings)
+    say("passed")
+    return 0
+
+
+def print_timings(timings: list[tuple[str, float]]) -> None:
     print("\n| step | seconds |\n|---|---|")
     for step, seconds in timings:
         print(f"| {step} | {seconds:.0f} |")
-    say("passed")
-    return 0
 
 
 if __name__ == "__main__":
