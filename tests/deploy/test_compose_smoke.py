@@ -4,13 +4,18 @@ compose file's CPU profile and checks the healthcheck, ``/ready``, a chat, a pre
 round trip and k-CBS through the published port, the non-root user writing ``CASCADE_HOME`` and
 Prometheus scraping with the API key.
 
-Runs only where a Docker engine answers (``docker info``); elsewhere it is skipped with that reason,
-so CI says when the stack did not run. The full smoke (a fetched model surviving ``down && up``)
-is ``./dev compose-smoke`` by hand: docs/deployment.md has its timings.
+Gated twice, and the skip says which gate stopped it: it runs only where a Docker engine answers
+(``docker info``) and ``CASCADE_TEST_COMPOSE=1`` is set. The opt-in is for CI's budget: measured
+on this project's loaded 2-core machine, this variant took 4 min 17 s with the image's layers
+cached, but a first build takes 7+ min more and a loaded machine stretched engine start-up to
+12 min (vLLM pins every engine worker to core 0), on top of CI's ~20 minutes. The full smoke (a
+fetched model surviving ``down && up``) is ``./dev compose-smoke`` by hand: docs/deployment.md
+has its timings.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -33,6 +38,9 @@ def test_compose_cpu_profile_builds_and_serves_on_this_machines_docker_engine() 
     problem = _engine_problem()
     if problem is not None:
         pytest.skip(f"{problem}: the compose stack did not run (start dockerd, then ./dev compose-smoke)")
+    if os.environ.get("CASCADE_TEST_COMPOSE") != "1":
+        pytest.skip("a Docker engine answers, but the compose stack runs only with CASCADE_TEST_COMPOSE=1 "
+                    "(4-20+ min on this machine: over CI's budget)")
     result = subprocess.run([str(REPO / "dev"), "compose-smoke", "--quick"], cwd=REPO, capture_output=True,
                             text=True, timeout=3500)
     output = result.stdout + result.stderr

@@ -30,6 +30,8 @@ def test_compose_gateway_reserves_a_gpu_and_has_a_cpu_profile() -> None:
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
     assert services["cascade-cpu"]["profiles"] == ["cpu"]
     assert {"prometheus", "grafana"} <= set(services)
+    # vLLM's engine processes need more shared memory than Docker's default 64 MiB.
+    assert services["cascade"]["ipc"] == "host" and services["cascade-cpu"]["shm_size"] == "1gb"
     for name in ("cascade", "cascade-cpu"):
         env = services[name]["environment"]
         assert all(key.startswith("CASCADE_") for key in env)
@@ -84,6 +86,7 @@ def test_compose_replicas_profile_puts_two_replicas_behind_haproxy_on_the_contra
     for name in replicas:
         assert services[name]["profiles"] == ["replicas"]
         assert "ports" not in services[name], "replicas are reached through the balancer only"
+        assert services[name]["shm_size"] == "1gb"
         assert services[name]["environment"]["CASCADE_CODEC_DEVICE"].startswith("${")
     cfg = REPO / "deploy/haproxy/haproxy.cfg"
     if not cfg.exists():

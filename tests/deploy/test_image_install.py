@@ -37,11 +37,12 @@ def _final_stage(dockerfile: str) -> list[tuple[str, str]]:
 
 def _image_env(dockerfile: str, workdir: Path, scratch: Path) -> dict[str, str]:
     """The final image's ``ENV``, with its WORKDIR at ``workdir`` and its other absolute paths under
-    ``scratch`` (PATH, which names the image's venv, is this test's own)."""
+    ``scratch`` (PATH and LD_PRELOAD, which name the image's venv, are this test's own)."""
     env: dict[str, str] = {}
     for name, arguments in _final_stage(dockerfile):
         if name == "ENV":
-            env.update((k, v) for k, v in re.findall(r"(\w+)=(\S+)", arguments) if "$" not in v)
+            env.update((k, v) for k, v in re.findall(r"(\w+)=(\S+)", arguments)
+                       if k not in ("PATH", "LD_PRELOAD"))
     for key, value in env.items():
         if value.startswith("/opt/cascade"):
             env[key] = value.replace("/opt/cascade", str(workdir), 1)
