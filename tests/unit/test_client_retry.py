@@ -34,7 +34,7 @@ FAST = RetryPolicy(attempts=4, budget_seconds=10, backoff_seconds=0.01, max_back
 class ScriptedServer:
     """Serves connections one at a time; connection ``i`` plays ``script[i]`` (the last step repeats).
 
-    Steps: ``"ok"`` (200, SSE echo of the body, ``done``), ``"503"``/``"429"`` (error with
+    Steps: ``"ok"`` (200, SSE echo of the body, ``done``), ``"503"``/``"429"``/``"502"`` (error with
     ``Retry-After: 0``), ``"reset"`` (request head read, then RST), ``"cut"`` (200, one chunk event, then
     the connection drops inside the chunked body). ``bodies`` records every body received in full.
     """
@@ -88,7 +88,7 @@ class ScriptedServer:
             if isinstance(event, h11.EndOfMessage):
                 break
         self.bodies.append(body)
-        if step in ("503", "429"):
+        if step in ("503", "429", "502"):
             payload = json.dumps({"error": {"message": "engine is starting", "type": "server_error", "param": None,
                                             "code": "engine_unavailable" if step == "503" else "overloaded"}})
             headers = [("content-type", "application/json"), ("retry-after", "0"),
@@ -129,7 +129,7 @@ def serve() -> Iterator[type[ScriptedServer]]:
 BODY = b"def f():\n    return 1\n" * 500
 
 
-@pytest.mark.parametrize("first", ["503", "429", "reset"])
+@pytest.mark.parametrize("first", ["503", "429", "502", "reset"])
 def test_sync_client_sends_again_after_busy_answers_and_early_resets(serve: type[ScriptedServer], first: str) -> None:
     server = serve([first, first, "ok"])
     with CascadeClient(server.url, retry=FAST) as client:
