@@ -91,7 +91,7 @@ class CascadeClient(ClientBase[httpx.Client]):
                             progress.received(len(data))
                         yield data
             except httpx.TransportError as exc:
-                raise protocol.cut_stream(self.server, exc) from exc
+                raise protocol.cut_stream(self.server, exc, stalled=isinstance(exc, httpx.TimeoutException)) from exc
 
     def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
         for data in self._chunks(call, source, progress):

@@ -36,7 +36,8 @@ class ScriptedServer:
 
     Steps: ``"ok"`` (200, SSE echo of the body, ``done``), ``"503"``/``"429"``/``"502"`` (error with
     ``Retry-After: 0``), ``"reset"`` (request head read, then RST), ``"cut"`` (200, one chunk event, then
-    the connection drops inside the chunked body). ``bodies`` records every body received in full.
+    the connection drops inside the chunked body), ``"stall"`` (200, one chunk event, then silence).
+    ``bodies`` records every body received in full.
     """
 
     def __init__(self, script: list[str]) -> None:
@@ -102,6 +103,10 @@ class ScriptedServer:
         chunk = _event("chunk", {"seq": 0, "data": base64.b64encode(body).decode()})
         if step == "cut":
             conn.sendall(head + h.send(h11.Data(data=chunk)) + b"400\r\npartial")
+            return
+        if step == "stall":
+            conn.sendall(head + h.send(h11.Data(data=chunk)))
+            self._stop.wait(5)
             return
         done = _event("done", {"bytes_in": len(body), "bytes_out": len(body), "tokens": 1, "bits_per_byte": 8.0,
                                "seconds": 0.0})
@@ -196,6 +201,14 @@ def test_a_stream_cut_after_it_started_is_an_error_and_never_retried(serve: type
     server.connections, server.script = 0, ["cut", "ok"]
     with pytest.raises(CascadeConnectionError, match="cut"):
         asyncio.run(run())
+    assert server.connections == 1
+
+
+def test_a_stalled_stream_is_an_error_after_the_read_timeout(serve: type[ScriptedServer]) -> None:
+    server = serve(["stall", "ok"])
+    with CascadeClient(server.url, timeout=0.5, retry=FAST) as client, \
+            pytest.raises(CascadeConnectionError, match="stalled"):
+        client.compress(BODY)
     assert server.connections == 1
 
 
