@@ -174,8 +174,7 @@ def test_one_input_spread_over_both_replicas_makes_one_container_whatever_the_sp
 
 
 def test_chats_sharing_a_prompt_prefix_land_on_one_replica(balanced: Balanced) -> None:
-    # Longer than the 512 body bytes the balancer hashes: only the shared prefix decides.
-    system = "You review Python code. Answer with one short sentence about the function given. " * 8
+    system = "You review Python code. Answer with one short sentence about the function given."
 
     def replica_of(body: dict[str, object], headers: dict[str, str] | None = None) -> str:
         r = httpx.post(f"{balanced.url}/v1/chat/completions", json=body, timeout=120,
