@@ -109,7 +109,8 @@ def balanced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Balanced]:
     for i in (1, 2):
         (tmp / f"r{i}").mkdir()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(start_service, tmp / f"r{i}", args) for i in (1, 2)]
+        # Two engines starting at once on a loaded machine may take longer than one alone.
+        futures = [pool.submit(start_service, tmp / f"r{i}", args, None, 600) for i in (1, 2)]
         concurrent.futures.wait(futures)
     replicas: list[Service] = [f.result() for f in futures if f.exception() is None]
     failed = [f.exception() for f in futures if f.exception() is not None]
