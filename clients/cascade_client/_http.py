@@ -100,7 +100,7 @@ class Retrier:
         return self._wait_or_raise(error, None, retryable, exc)
 
     def after_reply(self, response: httpx.Response) -> float:
-        """Seconds to wait after a 429/503 answer (its body read); raises its typed error otherwise."""
+        """Seconds to wait after a 429/502/503 answer (its body read); raises its typed error otherwise."""
         error = error_from_body(response.status_code, response.content)
         return self._wait_or_raise(error, retry_after_seconds(response.headers), True, None)
 
@@ -121,7 +121,7 @@ def send(http: httpx.Client, build: Callable[[], httpx.Request], policy: RetryPo
          replayable: Callable[[], bool] = lambda: True) -> httpx.Response:
     """Send until an answer that is not retried arrives; return it with its body unread (a stream).
 
-    A 429/503 answer or a connection that failed before the answer's first byte is retried while
+    A 429/502/503 answer or a connection that failed before the answer's first byte is retried while
     ``policy`` allows and the body can be sent again (``replayable``); any other error answer is
     raised as its typed exception."""
     retrier = Retrier(http, policy, replayable)

@@ -135,7 +135,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
                         progress.received(len(data))
                     yield data
         except httpx.TransportError as exc:
-            raise protocol.cut_stream(self.server, exc) from exc
+            raise protocol.cut_stream(self.server, exc, stalled=isinstance(exc, httpx.TimeoutException)) from exc
         finally:
             await response.aclose()
 

@@ -111,7 +111,7 @@ def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
                         help="Bearer API key (env CASCADE_API_KEY)")
     parser.add_argument("--timeout", type=float, default=default(3600.0), help="seconds to wait for each reply chunk")
     parser.add_argument("--retries", type=int, default=default(4),
-                        help="times a request is sent again after a 429/503 answer or a connection that failed "
+                        help="times a request is sent again after a 429/502/503 answer or a connection that failed "
                              "before any byte of the answer (default 4; 0: never)")
     parser.add_argument("--retry-budget", type=float, default=default(60.0),
                         help="seconds all attempts of one request may take, waits included (default 60)")

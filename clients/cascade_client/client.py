@@ -50,8 +50,8 @@ class CascadeClient(ClientBase[httpx.Client]):
     Every failure raises a ``CascadeError`` subclass carrying the server's status, message, type
     and code (``CascadeConnectionError`` when the server cannot be reached or a stream was cut).
     ``retry`` says what is sent again (default ``RetryPolicy()``: 429/503 after their
-    ``Retry-After`` and connections that failed before any byte of the answer, 5 attempts within
-    60 s; ``RetryPolicy.none()`` never retries). ``duplex=False`` sends the whole body before
+    ``Retry-After``, a balancer's 502, and connections that failed before any byte of the answer,
+    5 attempts within 60 s; ``RetryPolicy.none()`` never retries). ``duplex=False`` sends the whole body before
     reading the reply (plain httpx; only safe for inputs of a few MB).
     """
 
@@ -91,7 +91,7 @@ class CascadeClient(ClientBase[httpx.Client]):
                             progress.received(len(data))
                         yield data
             except httpx.TransportError as exc:
-                raise protocol.cut_stream(self.server, exc) from exc
+                raise protocol.cut_stream(self.server, exc, stalled=isinstance(exc, httpx.TimeoutException)) from exc
 
     def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
         for data in self._chunks(call, source, progress):

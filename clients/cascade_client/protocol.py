@@ -335,9 +335,11 @@ def event_from_sse(name: str, data: str) -> Event:
         raise CascadeError(0, f"the server sent a malformed {name or 'message'!r} event: {data[:200]!r}") from None
 
 
-def cut_stream(server: object, exc: BaseException) -> CascadeError:
-    """A reply stream that broke after it started: an error, never a short result."""
-    return CascadeConnectionError(0, f"the stream from {server} was cut before its 'done' event "
+def cut_stream(server: object, exc: BaseException, *, stalled: bool = False) -> CascadeError:
+    """A reply stream that broke (or went silent past the read timeout) after it started: an error,
+    never a short result."""
+    how = "stalled (nothing within the read timeout)" if stalled else "was cut"
+    return CascadeConnectionError(0, f"the stream from {server} {how} before its 'done' event "
                                      f"({exc or type(exc).__name__}); nothing of it can be trusted as complete")
 
 

@@ -3,7 +3,9 @@
 What is retried (both clients, JSON calls and codec streams alike):
 
 * a 429 (``overloaded``) or 503 (engine starting, codec unavailable, a replica going down) answer,
-  after the server's ``Retry-After`` when it gives one, else after an exponential backoff;
+  after the server's ``Retry-After`` when it gives one, else after an exponential backoff; and a
+  502, which only a balancer in front of the replicas sends (the gateway never does): the replica
+  failed before any byte of its answer reached the balancer;
 * a connection that failed before any byte of the answer arrived: refused, reset, or closed while
   the request was going out. A streamed upload is sent again only when its source can be replayed
   (bytes, a seekable file, or nothing of it read yet).
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-RETRY_STATUSES = frozenset({429, 503})
+RETRY_STATUSES = frozenset({429, 502, 503})
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,19 @@
 """The client's container framing (``cascade_client.framing``) against the service's own reader and
 writer (``cascade.codec.container``): splitting and splicing give ordinary containers, byte for byte
-what one writer makes of the same segments, and damage is always caught."""
+what one writer makes of the same segments, and damage is always caught; the spread driver
+(``cascade_client.spread``) gives one container whatever its concurrency."""
 
 from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
 
 import pytest
 from cascade.codec.container import KIND_CODED, KIND_RAW, ContainerWriter, Header, parse_container
 from cascade_client.framing import FramingError, Splicer, Walker, cut, standalone
+from cascade_client.protocol import CompressStats
+from cascade_client.spread import compress_spread, decompress_spread
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,3 +111,58 @@ def test_pieces_cover_the_input_end_at_line_or_character_boundaries(text: bytes,
     assert b"".join(parts) == text
     for part in parts:
         part.decode()  # a character is never split (none is longer than 4 bytes < piece_bytes / 2)
+
+
+class RawCoder:
+    """Stands in for a replica in the spread driver's own test: its containers store each piece as
+    raw segments of at most 50 bytes (the real codec's are checked over two replicas in
+    tests/integration/test_replicas.py); it decodes by the service's own reader."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def compress_to(self, sink: io.BytesIO, source: bytes, **options: object) -> CompressStats:
+        self.calls += 1
+        sink.write(_container([(KIND_RAW, 0, source[i:i + 50], b"") for i in range(0, len(source), 50)]))
+        return CompressStats(len(source), 0, 0, 0.0, 0.0)
+
+    async def decompress(self, container: bytes) -> bytes:
+        self.calls += 1
+        return b"".join(s.payload for s in parse_container(container).segments)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=3000).map(lambda t: t.encode()), st.integers(64, 700), st.integers(1, 4), st.integers(1, 4))
+def test_spread_gives_one_container_whatever_the_concurrency_and_restores_the_input(
+        text: bytes, piece_bytes: int, first: int, second: int) -> None:
+    async def spread(concurrency: int) -> bytes:
+        out = io.BytesIO()
+
+        async def write(data: bytes) -> None:
+            out.write(data)
+
+        stats = await compress_spread(RawCoder(), _chunks(text), write, piece_bytes=piece_bytes,
+                                      concurrency=concurrency)
+        assert stats.bytes_in == len(text) and stats.bytes_out == len(out.getvalue())
+        return out.getvalue()
+
+    async def restore(container: bytes, concurrency: int) -> bytes:
+        out = io.BytesIO()
+
+        async def write(data: bytes) -> None:
+            out.write(data)
+
+        stats = await decompress_spread(RawCoder(), _chunks(container), write, piece_bytes=piece_bytes,
+                                        concurrency=concurrency)
+        assert stats.bytes == len(text)
+        return out.getvalue()
+
+    container = asyncio.run(spread(first))
+    assert asyncio.run(spread(second)) == container
+    assert b"".join(s.payload for s in parse_container(container).segments) == text
+    assert asyncio.run(restore(container, second)) == text
+
+
+async def _chunks(data: bytes, size: int = 333) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i:i + size]

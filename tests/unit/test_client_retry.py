@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,9 +35,11 @@ FAST = RetryPolicy(attempts=4, budget_seconds=10, backoff_seconds=0.01, max_back
 class ScriptedServer:
     """Serves connections one at a time; connection ``i`` plays ``script[i]`` (the last step repeats).
 
-    Steps: ``"ok"`` (200, SSE echo of the body, ``done``), ``"503"``/``"429"`` (error with
-    ``Retry-After: 0``), ``"reset"`` (request head read, then RST), ``"cut"`` (200, one chunk event, then
-    the connection drops inside the chunked body). ``bodies`` records every body received in full.
+    Steps: ``"ok"`` (200, SSE echo of the body, ``done``); ``"503"``/``"429"``/``"502"`` (error with
+    ``Retry-After: 0``; ``"503:N"``: ``Retry-After: N``); ``"reset"`` (request head read, then RST);
+    ``"cut"`` (200, one chunk event, then the connection drops inside the chunked body); ``"stall"``
+    (200, one chunk event, then silence).
+    ``bodies`` records every body received in full.
     """
 
     def __init__(self, script: list[str]) -> None:
@@ -88,12 +91,13 @@ class ScriptedServer:
             if isinstance(event, h11.EndOfMessage):
                 break
         self.bodies.append(body)
-        if step in ("503", "429"):
+        status, _, retry_after = step.partition(":")
+        if status in ("503", "429", "502"):
             payload = json.dumps({"error": {"message": "engine is starting", "type": "server_error", "param": None,
-                                            "code": "engine_unavailable" if step == "503" else "overloaded"}})
-            headers = [("content-type", "application/json"), ("retry-after", "0"),
+                                            "code": "engine_unavailable" if status == "503" else "overloaded"}})
+            headers = [("content-type", "application/json"), ("retry-after", retry_after or "0"),
                        ("content-length", str(len(payload))), ("connection", "close")]
-            conn.sendall(h.send(h11.Response(status_code=int(step), headers=headers))
+            conn.sendall(h.send(h11.Response(status_code=int(status), headers=headers))
                          + h.send(h11.Data(data=payload.encode())) + h.send(h11.EndOfMessage()))
             return
         stream_headers = [("content-type", "text/event-stream"), ("transfer-encoding", "chunked"),
@@ -102,6 +106,10 @@ class ScriptedServer:
         chunk = _event("chunk", {"seq": 0, "data": base64.b64encode(body).decode()})
         if step == "cut":
             conn.sendall(head + h.send(h11.Data(data=chunk)) + b"400\r\npartial")
+            return
+        if step == "stall":
+            conn.sendall(head + h.send(h11.Data(data=chunk)))
+            self._stop.wait(5)
             return
         done = _event("done", {"bytes_in": len(body), "bytes_out": len(body), "tokens": 1, "bits_per_byte": 8.0,
                                "seconds": 0.0})
@@ -129,7 +137,7 @@ def serve() -> Iterator[type[ScriptedServer]]:
 BODY = b"def f():\n    return 1\n" * 500
 
 
-@pytest.mark.parametrize("first", ["503", "429", "reset"])
+@pytest.mark.parametrize("first", ["503", "429", "502", "reset"])
 def test_sync_client_sends_again_after_busy_answers_and_early_resets(serve: type[ScriptedServer], first: str) -> None:
     server = serve([first, first, "ok"])
     with CascadeClient(server.url, retry=FAST) as client:
@@ -145,6 +153,20 @@ def test_async_client_sends_again_after_busy_answers_and_early_resets(serve: typ
             return await client.compress(BODY)
 
     assert asyncio.run(run()) == BODY and server.connections == 3
+
+
+def test_the_client_waits_what_retry_after_asks(serve: type[ScriptedServer]) -> None:
+    server = serve(["503:1", "ok"])
+    started = time.monotonic()
+    with CascadeClient(server.url, retry=FAST) as client:
+        assert client.compress(BODY) == BODY
+    assert time.monotonic() - started >= 1.0 and server.connections == 2
+    # A wait the budget cannot hold is not waited: the error comes at once, saying why.
+    server.script, server.connections = ["503:30"], 0
+    started = time.monotonic()
+    with CascadeClient(server.url, retry=FAST) as client, pytest.raises(ServiceUnavailableError, match="gave up"):
+        client.compress(BODY)
+    assert time.monotonic() - started < 10 and server.connections == 1
 
 
 def test_a_file_source_is_sent_whole_again_on_a_retry(serve: type[ScriptedServer], tmp_path: Path) -> None:
@@ -196,6 +218,14 @@ def test_a_stream_cut_after_it_started_is_an_error_and_never_retried(serve: type
     server.connections, server.script = 0, ["cut", "ok"]
     with pytest.raises(CascadeConnectionError, match="cut"):
         asyncio.run(run())
+    assert server.connections == 1
+
+
+def test_a_stalled_stream_is_an_error_after_the_read_timeout(serve: type[ScriptedServer]) -> None:
+    server = serve(["stall", "ok"])
+    with CascadeClient(server.url, timeout=0.5, retry=FAST) as client, \
+            pytest.raises(CascadeConnectionError, match="stalled"):
+        client.compress(BODY)
     assert server.connections == 1
 
 
