@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
-from cascade.predict.draft_length import AdaptiveLength, DraftLength, FixedLength
+from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
 from cascade.predict.static_text import PredictionState
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
 from cascade.vllm_compat.request_keys import prediction_spec
@@ -72,15 +72,22 @@ class StaticTextProposer:
         self._requests = requests
         self._bound = True
 
-    def _state(self, req_id: str) -> PredictionState | None:
+    def _state(self, req_id: str, token_ids_cpu: Any, row: int) -> PredictionState | None:
+        """The request's state, created on its first step from its prediction and its prompt's tokens
+        (the request's own ``prompt_token_ids``, else the first ``num_prompt_tokens`` of its row)."""
         state = self.states.get(req_id)
         if state is not None:
             return state
-        spec = prediction_spec(getattr(self._requests.get(req_id), "sampling_params", None))
+        request = self._requests.get(req_id)
+        spec = prediction_spec(getattr(request, "sampling_params", None))
         if not spec:
             return None
-        lengths: DraftLength = AdaptiveLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
-        state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths)
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is None and token_ids_cpu is not None:
+            prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
+        lengths: DraftLength = ConfidenceLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
+        state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
+                                prompt_ids=[int(t) for t in prompt or ()], k=self.k)
         self.states[req_id] = state
         log = PredictionDebugLog.open(req_id)
         if log is not None:
@@ -125,7 +132,7 @@ class StaticTextProposer:
         drafts: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):
             req_id = self._rows[row] if row < len(self._rows) else None
-            state = self._state(req_id) if req_id is not None else None
+            state = self._state(req_id, token_ids_cpu, row) if req_id is not None else None
             if req_id is None or state is None or not sampled:
                 drafts.append([])
                 continue
