@@ -10,6 +10,7 @@ from ``bind_batch``, which ``bind_batch_hook`` calls before every ``propose``.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from cascade.vllm_compat.request_keys import prediction_spec
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 PROPOSER = "cascade.vllm_compat.proposer.StaticTextProposer"
+FINISHED_USAGE_KEPT = 4096  # finished requests whose per-source counts stay readable (oldest dropped first)
 ROUND_TRIP_SAMPLE = "def f(x_1, naïve):\n\treturn {'k': [x_1 ** 2]}  # ok → é\r\n"
 logger = logging.getLogger("cascade.predict.proposer")
 
@@ -60,6 +62,7 @@ class StaticTextProposer:
         tokenizer = get_tokenizer(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
         self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
+        self.finished_usage: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.logs: dict[str, PredictionDebugLog] = {}
         self._rows: list[str] = []
         self._requests: Mapping[str, Any] = {}
@@ -87,7 +90,7 @@ class StaticTextProposer:
             prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
         lengths: DraftLength = ConfidenceLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
-                                prompt_ids=[int(t) for t in prompt or ()], k=self.k)
+                                prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k)
         self.states[req_id] = state
         log = PredictionDebugLog.open(req_id)
         if log is not None:
@@ -104,7 +107,11 @@ class StaticTextProposer:
         finished = [r for r in self.states if r not in self._requests]
         finished += [r for r in self.logs if r not in self._requests and r not in self.states]
         for req_id in finished:
-            self.states.pop(req_id, None)
+            state = self.states.pop(req_id, None)
+            if state is not None:
+                self.finished_usage[req_id] = state.usage()
+                while len(self.finished_usage) > FINISHED_USAGE_KEPT:
+                    self.finished_usage.popitem(last=False)
             log = self.logs.pop(req_id, None)
             if log is not None:
                 log.close()
@@ -119,6 +126,12 @@ class StaticTextProposer:
         if max_tokens is None or prompt is None:
             return self.max_model_len
         return int(max_tokens) - (total - int(prompt))
+
+    def prediction_usage(self, req_id: str) -> dict[str, int] | None:
+        """Per-source draft counts of a live or recently finished request (``PredictionState.usage``):
+        what the usage fields need, since vLLM's own per-request counts do not know the source."""
+        state = self.states.get(req_id)
+        return state.usage() if state is not None else self.finished_usage.get(req_id)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
