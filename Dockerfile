@@ -16,7 +16,7 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 COPY clients ./clients
 COPY models ./models
-COPY deploy/install.sh ./deploy/install.sh
+COPY deploy/install.sh deploy/pip-install.sh ./deploy/
 
 # Same steps CI runs as a script (tests/deploy/test_image_install.py): install the gateway on top
 # of the image's vLLM, then drop the vision/audio packages text models never need.

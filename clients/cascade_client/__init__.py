@@ -25,6 +25,7 @@ from cascade_client.protocol import (
     ServiceUnavailableError,
     TargetMatch,
 )
+from cascade_client.retry import RetryPolicy
 from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats
 
@@ -46,6 +47,7 @@ __all__ = [
     "PayloadTooLargeError",
     "Progress",
     "RateLimitError",
+    "RetryPolicy",
     "ServerError",
     "ServiceUnavailableError",
     "TargetMatch",

@@ -9,7 +9,9 @@ The async client adds async readers/writers on top of these (see ``aio``).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import stat
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import IO, Any, Protocol, Union
@@ -40,8 +42,8 @@ def _reader(source: Any) -> Callable[[], bytes] | None:
     return (lambda: read(CHUNK)) if callable(read) else None
 
 
-def iter_source(source: Source, progress: Progress | None = None) -> Iterator[bytes]:
-    """The source as chunks of at most ``CHUNK`` bytes, telling ``progress`` of each one."""
+def iter_source(source: Source) -> Iterator[bytes]:
+    """The source as chunks of at most ``CHUNK`` bytes (empty chunks left out)."""
     if isinstance(source, bytes | bytearray | memoryview):
         view = memoryview(source)
         chunks: Iterable[bytes] = (bytes(view[i:i + CHUNK]) for i in range(0, len(view), CHUNK))
@@ -51,9 +53,57 @@ def iter_source(source: Source, progress: Progress | None = None) -> Iterator[by
         chunks = source  # type: ignore[assignment]
     for chunk in chunks:
         if chunk:
-            if progress is not None:
-                progress.sent(len(chunk))
             yield bytes(chunk)
+
+
+class Body:
+    """A request body that a retry can send again: each ``chunks()`` starts from the beginning.
+
+    Bytes are sliced afresh; a regular file (anything with a ``fileno`` on a regular file) is read
+    with positional reads from where it stood, so a reader thread of a failed attempt that is still
+    finishing its last read cannot move what the next attempt reads; any other source (a pipe,
+    stdin, a socket, an iterator) can be sent again only while none of it has been read.
+    """
+
+    def __init__(self, source: Source, progress: Progress | None = None) -> None:
+        self._source = source
+        self._progress = progress
+        self._offset = _regular_file_offset(source)
+        self.started = False
+
+    @property
+    def replayable(self) -> bool:
+        return (not self.started or isinstance(self._source, bytes | bytearray | memoryview)
+                or self._offset is not None)
+
+    def chunks(self) -> Iterator[bytes]:
+        if not self.replayable:
+            raise RuntimeError("this body was partly sent and cannot be read again")
+        if self._offset is not None:
+            chunks: Iterable[bytes] = _pread_chunks(self._source.fileno(), self._offset)  # type: ignore[union-attr]
+        else:
+            chunks = iter_source(self._source)
+        for chunk in chunks:
+            self.started = True
+            if self._progress is not None:
+                self._progress.sent(len(chunk))
+            yield chunk
+
+
+def _regular_file_offset(source: Any) -> int | None:
+    """Where a file source on a regular file stands (its next byte), else ``None``."""
+    try:
+        if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+            return None
+        return int(source.tell())
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _pread_chunks(fd: int, offset: int) -> Iterator[bytes]:
+    while chunk := os.pread(fd, CHUNK, offset):
+        offset += len(chunk)
+        yield chunk
 
 
 def write_sink(sink: Sink, data: bytes) -> None:

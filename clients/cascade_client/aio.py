@@ -10,19 +10,23 @@ concurrently with reading the reply (see ``duplex``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import io
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar, Union, cast
 
 import httpx
+from httpx_sse import EventSource
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, adrive, client_options, json_reply, request_args, transport_errors
-from cascade_client._io import Sink, Source, flush_sink, from_thread, iter_source, write_sink
+from cascade_client._http import ClientBase, adrive, asend, client_options, request_args, transport_errors
+from cascade_client._io import Body, Sink, Source, flush_sink, from_thread, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
+from cascade_client.retry import RetryPolicy
+from cascade_client.spread import DEFAULT_PIECE_BYTES, compress_spread, decompress_spread
 from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
 
@@ -33,23 +37,42 @@ AsyncSource = Union[Source, AsyncIterable[bytes], asyncio.StreamReader, Any]  # 
 AsyncSink = Union[Sink, asyncio.StreamWriter, Any]  # noqa: UP007
 
 
-async def aiter_source(source: AsyncSource, progress: Progress | None = None) -> AsyncIterator[bytes]:
-    """Chunks of an async or sync source; sync reads happen on a worker thread."""
+class AsyncBody:
+    """A request body from an async or sync source; ``chunks()`` starts it again for a retry where
+    that is possible (see ``Body``: async sources only while none of them has been read)."""
+
+    def __init__(self, source: AsyncSource, progress: Progress | None = None) -> None:
+        self._async = inspect.iscoroutinefunction(getattr(source, "read", None)) or isinstance(source, AsyncIterable)
+        self._source = source
+        self._progress = progress
+        self._sync = None if self._async else Body(cast(Source, source), progress)
+        self._started = False
+
+    @property
+    def replayable(self) -> bool:
+        return self._sync.replayable if self._sync is not None else not self._started
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._sync is not None:
+            async for chunk in from_thread(self._sync.chunks()):
+                yield chunk
+            return
+        async for chunk in _async_chunks(self._source):
+            self._started = True
+            if self._progress is not None:
+                self._progress.sent(len(chunk))
+            yield chunk
+
+
+async def _async_chunks(source: Any) -> AsyncIterator[bytes]:
     read = getattr(source, "read", None)
     if inspect.iscoroutinefunction(read):
         while chunk := await read(protocol.CHUNK):
-            if progress is not None:
-                progress.sent(len(chunk))
             yield bytes(chunk)
-    elif isinstance(source, AsyncIterable):
+    else:
         async for chunk in source:
             if chunk:
-                if progress is not None:
-                    progress.sent(len(chunk))
                 yield bytes(chunk)
-    else:
-        async for chunk in from_thread(iter_source(source, progress)):
-            yield chunk
 
 
 async def awrite_sink(sink: Any, data: bytes) -> None:
@@ -78,10 +101,11 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
     """
 
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
-                 *, duplex: bool = True, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 *, duplex: bool = True, transport: httpx.AsyncBaseTransport | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         options = client_options(server, api_key, timeout)
         http = httpx.AsyncClient(transport=transport or AsyncDuplexTransport(), **options)
-        super().__init__(http, duplex)
+        super().__init__(http, duplex, retry)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -94,18 +118,26 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
 
     async def _chunks(self, call: StreamCall[Any], source: AsyncSource,
                       progress: Progress | None) -> AsyncIterator[bytes]:
-        """Upload ``source`` as the body; yield each decoded reply chunk as it arrives."""
-        args = request_args(call.request, duplex=self._duplex, content=aiter_source(source, progress))
+        """Upload ``source`` as the body (again, on a retry, when it can be replayed); yield each
+        decoded reply chunk as it arrives. A stream that breaks once started is an error."""
+        body = AsyncBody(source, progress)
+
+        def build() -> httpx.Request:
+            return self._http.build_request(**request_args(call.request, duplex=self._duplex, content=body.chunks()))
+
         with transport_errors(self.server):
-            async with self._http.stream(**args) as response:
-                if response.is_error:
-                    await response.aread()
-                    json_reply(response)
-                async for chunk in response.aiter_bytes():
-                    for data in call.feed(chunk):
-                        if progress is not None:
-                            progress.received(len(data))
-                        yield data
+            response = await asend(self._http, build, self._retry, lambda: body.replayable)
+        try:
+            async for sse in EventSource(response).aiter_sse():
+                data = call.feed(protocol.event_from_sse(sse.event, sse.data))
+                if data:
+                    if progress is not None:
+                        progress.received(len(data))
+                    yield data
+        except httpx.TransportError as exc:
+            raise protocol.cut_stream(self.server, exc) from exc
+        finally:
+            await response.aclose()
 
     async def _stream(self, call: StreamCall[R], sink: AsyncSink, source: AsyncSource,
                       progress: Progress | None) -> R:
@@ -122,17 +154,33 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
     async def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
         with transport_errors(self.server):
-            return await adrive(self._http, call)
+            return await adrive(self._http, call, self._retry)
 
     async def compress_to(self, sink: AsyncSink, source: AsyncSource, *, progress: Progress | None = None,
+                          concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES,
                           **options: Any) -> CompressStats:
-        """Compress ``source`` into a container written to ``sink`` chunk by chunk (options as sync)."""
-        return await self._stream(protocol.compress_call(**options), sink, source, progress)
+        """Compress ``source`` into a container written to ``sink`` chunk by chunk (options as sync).
 
-    async def decompress_to(self, sink: AsyncSink, source: AsyncSource, *,
-                            progress: Progress | None = None) -> DecompressStats:
-        """Decompress the container in ``source``; each verified segment is written to ``sink``."""
-        return await self._stream(protocol.decompress_call(), sink, source, progress)
+        ``concurrency``: cut the input into pieces of about ``piece_bytes`` and compress that many
+        at once (through a balancer, on several replicas); the pieces' containers are spliced into
+        one (``cascade_client.spread``)."""
+        if concurrency is None:
+            return await self._stream(protocol.compress_call(**options), sink, source, progress)
+        stats = await compress_spread(self, AsyncBody(source).chunks(), functools.partial(awrite_sink, sink),
+                                      piece_bytes=piece_bytes, concurrency=concurrency, progress=progress, **options)
+        await aflush_sink(sink)
+        return stats
+
+    async def decompress_to(self, sink: AsyncSink, source: AsyncSource, *, progress: Progress | None = None,
+                            concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES) -> DecompressStats:
+        """Decompress the container in ``source``; each verified segment is written to ``sink``.
+        ``concurrency``: decompress that many groups of whole segments at once (see ``compress_to``)."""
+        if concurrency is None:
+            return await self._stream(protocol.decompress_call(), sink, source, progress)
+        stats = await decompress_spread(self, AsyncBody(source).chunks(), functools.partial(awrite_sink, sink),
+                                        piece_bytes=piece_bytes, concurrency=concurrency, progress=progress)
+        await aflush_sink(sink)
+        return stats
 
     async def compress(self, data: AsyncSource, **options: Any) -> bytes:
         out = io.BytesIO()
@@ -164,4 +212,5 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
                              progress: Progress | None = None, **options: Any) -> ExportStats:
         """Export files and directories to ``sink`` (options as ``CascadeClient.export_topk_to``)."""
         with transport_errors(self.server):
-            return await TopkExporter(self._http, compression_top_k, **options).run(sources, sink, progress)
+            return await TopkExporter(self._http, compression_top_k, retry=self._retry, **options).run(
+                sources, sink, progress)

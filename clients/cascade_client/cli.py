@@ -20,6 +20,8 @@ from tqdm import tqdm
 
 from cascade_client.client import CascadeClient
 from cascade_client.protocol import CascadeError, CompressStats
+from cascade_client.retry import RetryPolicy
+from cascade_client.spread import DEFAULT_PIECE_BYTES
 from cascade_client.topk_export import ExportStats, iter_sources
 
 EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # bad usage exits with 2 from argparse
@@ -108,6 +110,11 @@ def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument("--api-key", default=default(os.environ.get("CASCADE_API_KEY")),
                         help="Bearer API key (env CASCADE_API_KEY)")
     parser.add_argument("--timeout", type=float, default=default(3600.0), help="seconds to wait for each reply chunk")
+    parser.add_argument("--retries", type=int, default=default(4),
+                        help="times a request is sent again after a 429/503 answer or a connection that failed "
+                             "before any byte of the answer (default 4; 0: never)")
+    parser.add_argument("--retry-budget", type=float, default=default(60.0),
+                        help="seconds all attempts of one request may take, waits included (default 60)")
     parser.add_argument("-q", "--quiet", action="store_true", default=default(False),
                         help="no progress bars and no statistics line")
     parser.add_argument("--progress", action="store_true", default=default(False),
@@ -135,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     dec = sub.add_parser("decompress", parents=[common], help="decompress a .cz container")
     dec.add_argument("input", help="file, or - for stdin")
     dec.add_argument("-o", "--output", help="file, or - for stdout (default: INPUT without .cz; stdout for stdin)")
+    for codec in (comp, dec):
+        codec.add_argument("--concurrency", type=int,
+                           help="spread the input over the replicas behind a balancer: cut it into pieces and "
+                                "send this many at once (one container out; default: one stream)")
+        codec.add_argument("--piece-bytes", type=int, default=DEFAULT_PIECE_BYTES,
+                           help=f"bytes of text per piece with --concurrency (default {DEFAULT_PIECE_BYTES}; the "
+                                "container depends on it, not on the concurrency)")
     beam = sub.add_parser("kcbs", parents=[common], help="top-k-constrained beam search (prints the JSON result)")
     beam.add_argument("prompt")
     beam.add_argument("-k", "--beam-width", type=int, default=4)
@@ -170,12 +184,13 @@ def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | N
         bars = Bars(_size(src), "container" if args.command == "compress" else "text") \
             if _show_progress(args) else None
         try:
+            spread = {"concurrency": args.concurrency, "piece_bytes": args.piece_bytes}
             if args.command == "compress":
                 return client.compress_to(dst, src, progress=bars, top_k=args.top_k,
                                           precision_bits=args.precision_bits, lane_tokens=args.lane_tokens,
-                                          lanes=args.lanes,
-                                          context=args.context, verify=args.verify or None)
-            client.decompress_to(dst, src, progress=bars)
+                                          lanes=args.lanes, context=args.context, verify=args.verify or None,
+                                          **spread)
+            client.decompress_to(dst, src, progress=bars, **spread)
             return None
         finally:
             if bars is not None:
@@ -203,7 +218,10 @@ def _export(client: CascadeClient, args: argparse.Namespace) -> ExportStats:
 
 
 def _run(args: argparse.Namespace) -> None:
-    with CascadeClient(args.server, args.api_key, timeout=args.timeout) as client:
+    if args.retries < 0 or args.retry_budget < 0:
+        raise CascadeError(0, "--retries and --retry-budget cannot be negative")
+    retry = RetryPolicy(attempts=args.retries + 1, budget_seconds=args.retry_budget)
+    with CascadeClient(args.server, args.api_key, timeout=args.timeout, retry=retry) as client:
         if args.command in ("compress", "decompress"):
             stats = _codec(client, args)
             if stats is not None and not args.quiet:

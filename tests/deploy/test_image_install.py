@@ -1,10 +1,11 @@
 """The container image's install steps, run as a script in a fresh venv (no Docker engine here).
 
 The CPU Dockerfile copies pyproject.toml, README.md, service/, clients/, models/ and
-deploy/install.sh into /opt/cascade and runs ``CASCADE_FLAVOUR=cpu sh deploy/install.sh``; this
-test does the same into a temporary folder and a new virtual environment (a non-editable install,
-as in the image), then starts the installed ``cascade serve`` with the image's environment and
-checks it serves, answers its healthcheck and stops cleanly on SIGTERM.
+deploy/install.sh (+ pip-install.sh) into /opt/cascade and runs ``CASCADE_FLAVOUR=cpu sh
+deploy/install.sh`` into a venv; this test does the same into a temporary folder and a new virtual
+environment (a non-editable install, as in the image), then starts the installed ``cascade serve``
+with the final image's environment and checks it serves, answers its healthcheck and stops cleanly
+on SIGTERM. The image itself is built and run on a Docker engine by test_compose_smoke.py.
 """
 
 from __future__ import annotations
@@ -26,13 +27,21 @@ from tests.integration.conftest import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _final_stage(dockerfile: str) -> list[tuple[str, str]]:
+    """The instructions (name, arguments) of a Dockerfile's last stage, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", (REPO / dockerfile).read_text())
+    instructions = [(m.group(1).upper(), m.group(2)) for m in re.finditer(r"^([A-Za-z]+)\s+(.*)$", text, re.M)]
+    last_from = max(i for i, (name, _) in enumerate(instructions) if name == "FROM")
+    return instructions[last_from + 1:]
+
+
 def _image_env(dockerfile: str, workdir: Path, scratch: Path) -> dict[str, str]:
-    """The ``ENV`` block of a Dockerfile, with the image's WORKDIR at ``workdir`` and its other
-    absolute paths under ``scratch``."""
-    text = (REPO / dockerfile).read_text()
-    block = re.search(r"^ENV (.*?)\n\n", text, re.S | re.M)
-    assert block is not None
-    env = dict(re.findall(r"(\w+)=(\S+)", block.group(1)))
+    """The final image's ``ENV``, with its WORKDIR at ``workdir`` and its other absolute paths under
+    ``scratch`` (PATH, which names the image's venv, is this test's own)."""
+    env: dict[str, str] = {}
+    for name, arguments in _final_stage(dockerfile):
+        if name == "ENV":
+            env.update((k, v) for k, v in re.findall(r"(\w+)=(\S+)", arguments) if "$" not in v)
     for key, value in env.items():
         if value.startswith("/opt/cascade"):
             env[key] = value.replace("/opt/cascade", str(workdir), 1)
@@ -42,9 +51,13 @@ def _image_env(dockerfile: str, workdir: Path, scratch: Path) -> dict[str, str]:
 
 
 def _copy_like_the_image(target: Path) -> None:
+    """The project files the CPU image copies into its WORKDIR (both stages; not ``--from`` copies,
+    nor the build's extras under absolute paths: CA certificates, extra wheels)."""
     text = (REPO / "deploy/Dockerfile.cpu").read_text()
     for line in re.findall(r"^COPY (.+)$", text, re.M):
         *sources, dest = line.split()
+        if line.startswith("--") or dest.startswith("/"):
+            continue
         for source in sources:
             path, into = REPO / source, target / dest
             if dest.endswith("/"):

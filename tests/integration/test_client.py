@@ -19,6 +19,7 @@ from cascade_client import (
     CascadeConnectionError,
     CascadeError,
     DecompressStats,
+    RetryPolicy,
 )
 
 from tests.integration.conftest import MODEL, REPO, Service
@@ -135,8 +136,9 @@ def test_cli_and_client_report_an_unreachable_server(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    assert "cannot reach" in _one_error_line(_cli(None, "--server", url, "compress", "-", stdin=TEXT))
-    with CascadeClient(url) as client, pytest.raises(CascadeConnectionError):
+    refused = _one_error_line(_cli(None, "--server", url, "--retries", "1", "compress", "-", stdin=TEXT))
+    assert "cannot reach" in refused and "gave up after 2 attempts" in refused
+    with CascadeClient(url, retry=RetryPolicy.none()) as client, pytest.raises(CascadeConnectionError):
         client.compress(TEXT)
     usage = _cli(None, "compress")
     assert usage.returncode == 2 and b"usage:" in usage.stderr

@@ -28,7 +28,7 @@ from cascade_client.protocol import (
     error_from_body,
     export_call,
 )
-from cascade_common.sse import Event, SSEParser
+from cascade_client.retry import RetryPolicy
 
 EXPANSION = 3  # the fake's reply is larger than its input, like SSE base64 of a poorly compressible file
 
@@ -175,23 +175,16 @@ def test_unreachable_server_is_a_connection_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with CascadeClient(f"http://127.0.0.1:{port}") as client, pytest.raises(CascadeConnectionError):
+    with CascadeClient(f"http://127.0.0.1:{port}", retry=RetryPolicy.none()) as client, \
+            pytest.raises(CascadeConnectionError):
         client.compress(b"x")
 
     async def run() -> None:
-        async with AsyncCascadeClient(f"http://127.0.0.1:{port}") as client:
+        async with AsyncCascadeClient(f"http://127.0.0.1:{port}", retry=RetryPolicy.none()) as client:
             await client.compress(b"x")
 
     with pytest.raises(CascadeConnectionError):
         asyncio.run(run())
-
-
-def test_sse_parser_handles_split_lines_multiline_data_and_comments() -> None:
-    stream = b': keep-alive\n\nevent: chunk\ndata: {"seq": 0,\ndata:  "data": "QQ=="}\r\n\r\ndata: [DONE]\n\n'
-    parser = SSEParser()
-    events = [event for i in range(len(stream)) for event in parser.feed(stream[i:i + 1])]
-    assert events == [Event("chunk", {"seq": 0, "data": "QQ=="}), Event("message", None, done=True)]
-    assert parser.feed(b"event: done\ndata: {}") == [] and parser.close() == [Event("done", {})]
 
 
 def test_error_bodies_map_to_typed_exceptions() -> None:

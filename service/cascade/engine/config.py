@@ -22,8 +22,10 @@ class EngineRole(StrEnum):
 
 CPU_KV_CACHE_MIB = {"main": 512, "predict": 512}
 # In-engine hooks each role installs (``vllm_compat.worker_extension``): the prompt-logits export
-# serves on the main engine, the static-text proposer's batch binding on the predict engine.
-ROLE_HOOKS: dict[EngineRole, tuple[str, ...]] = {EngineRole.MAIN: ("export",), EngineRole.PREDICT: ("bind_batch",)}
+# serves on the main engine; the static-text proposer's batch binding and the rejection sampler's
+# per-request parameters (``draft_sampling_fix``) on the predict engine.
+ROLE_HOOKS: dict[EngineRole, tuple[str, ...]] = {EngineRole.MAIN: ("export",),
+                                                 EngineRole.PREDICT: ("bind_batch", "draft_sampling")}
 
 
 def on_cpu() -> bool:

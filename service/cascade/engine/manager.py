@@ -10,17 +10,23 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from cascade.engine import outputs
 from cascade.engine.config import ROLE_HOOKS, EngineRole, engine_kwargs, engine_roles
 from cascade.engine.fingerprint import model_fingerprint
 from cascade.engine.params import sampling_params, top_logprobs_params, translate_error
-from cascade.engine.types import Generation, GenerationRequest
+from cascade.engine.types import Generation, GenerationRequest, PredictionCounts
 from cascade.export.topk import ExportPosition
 from cascade.settings import Settings
-from cascade.vllm_compat.worker_extension import LIVE_STATE_RPC, WORKER_EXTENSION, install_engine_hooks, merge_counts
+from cascade.vllm_compat.worker_extension import (
+    LIVE_STATE_RPC,
+    PREDICTION_USAGE_RPC,
+    WORKER_EXTENSION,
+    install_engine_hooks,
+    merge_counts,
+)
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -149,8 +155,34 @@ class EngineManager:
                        role: EngineRole = EngineRole.MAIN) -> AsyncIterator[Generation]:
         """Stream a request's outputs; cancelling or closing the consumer aborts it in the engine."""
         params = sampling_params(request, len(self.tokenizer))
+        answer_tokens = 0
         async for output in self._outputs(prompt_token_ids, params, request_id, role):
-            yield outputs.generation(output)
+            generation = outputs.generation(output)
+            if request.prediction is not None:
+                answer_tokens = sum(len(c.token_ids) for c in generation.completions) + (
+                    answer_tokens if request.stream else 0)
+                if generation.finished:
+                    generation = await self._with_prediction_usage(generation, request_id, answer_tokens, role)
+            yield generation
+
+    async def _with_prediction_usage(self, generation: Generation, request_id: str, answer_tokens: int,
+                                      role: EngineRole, timeout: float = 10.0) -> Generation:
+        """The finished generation with the prediction tokens drafted and accepted within its answer,
+        from the proposer's ledger (``cascade.predict.usage``): vLLM's summary counts steps the engine
+        ran past a stop string, or is missing when the stop was found first."""
+        engine = self._engine(role)
+        try:
+            per_worker = await asyncio.wait_for(
+                engine.collective_rpc(PREDICTION_USAGE_RPC, args=(request_id, answer_tokens)), timeout)
+        except Exception:
+            logger.warning("prediction usage unavailable", extra={"request_id": request_id}, exc_info=True)
+            return generation
+        found = next((usage for usage in per_worker if usage is not None), None)
+        if found is None:
+            return generation
+        drafted, accepted = found
+        counts = PredictionCounts(drafted=int(drafted), accepted=int(accepted))
+        return replace(generation, completions=tuple(replace(c, prediction=counts) for c in generation.completions))
 
     async def export(self, prompt: Sequence[int], request: GenerationRequest, request_id: str) -> list[ExportPosition]:
         """The teacher-forced, processed top-``request.export_top_k`` distribution of every prompt position."""

@@ -239,17 +239,6 @@ class PredictionState:
         self.drafted_by_source[source] += len(draft)
         return draft
 
-    def usage(self) -> dict[str, int]:
-        """Counts for the response's usage: ``accepted_prediction_tokens``/``rejected_prediction_tokens``
-        are the prediction's; drafts from the prompt or the output are neither (they are reported,
-        per source, as ``accepted_<source>_tokens``/``drafted_<source>_tokens``)."""
-        counts = {"accepted_prediction_tokens": self.prediction_accepted,
-                  "rejected_prediction_tokens": self.prediction_rejected}
-        for source in SOURCES[1:]:
-            counts[f"accepted_{source}_tokens"] = self.accepted_by_source[source]
-            counts[f"drafted_{source}_tokens"] = self.drafted_by_source[source]
-        return counts
-
     def snapshot(self) -> dict[str, Any]:
         """State for the debug log."""
         return {"source": self.last_source, "cursor": self.cursor, "spelling": self.spelling,

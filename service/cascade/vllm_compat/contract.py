@@ -42,6 +42,7 @@ CLASSES: dict[str, str] = {
     "RequestSpecDecodeMetrics": "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
     "FlatLogprobs": "vllm.logprobs:FlatLogprobs",
     "custom_class_proposer": "vllm.v1.spec_decode.custom_class_proposer",
+    "rejection_sampler": "vllm.v1.sample.rejection_sampler",
 }
 
 CHECKS: tuple[Check, ...] = (
@@ -54,6 +55,10 @@ CHECKS: tuple[Check, ...] = (
                                        "spec_decode_metadata", "common_attn_metadata", "slot_mappings"),
           "propose_draft_token_ids"),
     Check("custom_class_proposer", "params", ("vllm_config",), "create_custom_proposer"),
+    # draft_sampling_fix replaces it (apply_sampling_constraints looks it up in the module)
+    Check("rejection_sampler", "params", ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to"),
+          "expand_batch_to_tokens"),
+    Check("rejection_sampler", "attrs", ("apply_sampling_constraints",)),
     Check("SamplingParams", "fields", ("extra_args", "prompt_logprobs", "flat_logprobs", "skip_reading_prefix_cache",
                                        "detokenize", "output_kind", "structured_outputs", "logprobs", "top_k",
                                        "top_p", "min_p", "temperature", "logit_bias", "allowed_token_ids",

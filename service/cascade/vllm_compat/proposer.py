@@ -10,19 +10,18 @@ from ``bind_batch``, which ``bind_batch_hook`` calls before every ``propose``.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
 from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
 from cascade.predict.static_text import PredictionState
+from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
 from cascade.vllm_compat.request_keys import prediction_spec
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 PROPOSER = "cascade.vllm_compat.proposer.StaticTextProposer"
-FINISHED_USAGE_KEPT = 4096  # finished requests whose per-source counts stay readable (oldest dropped first)
 ROUND_TRIP_SAMPLE = "def f(x_1, naïve):\n\treturn {'k': [x_1 ** 2]}  # ok → é\r\n"
 logger = logging.getLogger("cascade.predict.proposer")
 
@@ -62,8 +61,9 @@ class StaticTextProposer:
         tokenizer = get_tokenizer(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
         self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
-        self.finished_usage: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.logs: dict[str, PredictionDebugLog] = {}
+        self.ledgers: dict[str, PredictionLedger] = {}
+        self.finished_ledgers = FinishedLedgers()
         self._rows: list[str] = []
         self._requests: Mapping[str, Any] = {}
         self._bound = False
@@ -92,6 +92,7 @@ class StaticTextProposer:
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k)
         self.states[req_id] = state
+        self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
         if log is not None:
             self.logs[req_id] = log
@@ -107,11 +108,10 @@ class StaticTextProposer:
         finished = [r for r in self.states if r not in self._requests]
         finished += [r for r in self.logs if r not in self._requests and r not in self.states]
         for req_id in finished:
-            state = self.states.pop(req_id, None)
-            if state is not None:
-                self.finished_usage[req_id] = state.usage()
-                while len(self.finished_usage) > FINISHED_USAGE_KEPT:
-                    self.finished_usage.popitem(last=False)
+            self.states.pop(req_id, None)
+            ledger = self.ledgers.pop(req_id, None)
+            if ledger is not None:
+                self.finished_ledgers.put(external_id(req_id), ledger)
             log = self.logs.pop(req_id, None)
             if log is not None:
                 log.close()
@@ -126,12 +126,6 @@ class StaticTextProposer:
         if max_tokens is None or prompt is None:
             return self.max_model_len
         return int(max_tokens) - (total - int(prompt))
-
-    def prediction_usage(self, req_id: str) -> dict[str, int] | None:
-        """Per-source draft counts of a live or recently finished request (``PredictionState.usage``):
-        what the usage fields need, since vLLM's own per-request counts do not know the source."""
-        state = self.states.get(req_id)
-        return state.usage() if state is not None else self.finished_usage.get(req_id)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
@@ -149,7 +143,12 @@ class StaticTextProposer:
             if req_id is None or state is None or not sampled:
                 drafts.append([])
                 continue
+            # the ledger counts drafts from the prediction only: drafts copied from the prompt or the
+            # output are not prediction tokens (``PredictionState`` keeps them per source)
+            drafted = len(state.last_proposal) if state.last_source == "prediction" else 0
+            accepted = state.prediction_accepted
             state.observe(list(sampled))
+            self.ledgers[req_id].record(len(sampled), drafted, state.prediction_accepted - accepted)
             total = int(num_tokens_no_spec[row])
             draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
                                              self._tokens_left(req_id, total) - 1)))
@@ -158,6 +157,15 @@ class StaticTextProposer:
             if log is not None:
                 log.write({"sampled": list(sampled), "draft": draft, **state.snapshot()})
         return drafts
+
+    def prediction_usage(self, request_id: str, answer_tokens: int) -> tuple[int, int] | None:
+        """(drafted, accepted) prediction tokens within the first ``answer_tokens`` tokens of the
+        output of the request the gateway calls ``request_id``; None when it is unknown here."""
+        self.release_finished()
+        ledger = self.finished_ledgers.pop(request_id)
+        if ledger is None:
+            ledger = next((self.ledgers[r] for r in self.ledgers if external_id(r) == request_id), None)
+        return None if ledger is None else ledger.counts(answer_tokens)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: the drafts come from the request's own text."""

@@ -7,9 +7,13 @@ accepts with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``). vLLM refuses an extension
 names clash with the worker's, hence the ``cascade_`` prefix.
 
 - ``cascade_install_hooks(names)``: after an engine starts, the gateway installs the hooks that
-  engine's role needs (``"export"`` on the engine serving top-k exports, ``"bind_batch"`` on the one
-  running the static-text proposer). Each first checks the live runner has every attribute the hook
-  reads and raises ``IncompatibleVllmError`` naming what is missing.
+  engine's role needs (``"export"`` on the engine serving top-k exports; ``"bind_batch"`` and
+  ``"draft_sampling"``, the rejection sampler's per-request parameters on the CPU, on the one
+  running the static-text proposer). Each first checks the live runner has every attribute the
+  hook reads and raises ``IncompatibleVllmError`` naming what is missing.
+- ``cascade_prediction_usage(request_id, answer_tokens)``: the prediction tokens drafted and
+  accepted within a finished request's answer (``cascade.predict.usage``), from the proposer's
+  ledger; None where this worker runs no proposer or never saw the request.
 - ``cascade_live_state()``: counts of per-request state for leak checks and metrics. Runner
   attributes are read with ``getattr`` so a mismatch reports ``-1`` instead of failing.
 
@@ -26,7 +30,8 @@ from cascade.vllm_compat.version import IncompatibleVllmError, check_vllm_versio
 WORKER_EXTENSION = "cascade.vllm_compat.worker_extension.CascadeWorkerExtension"
 LIVE_STATE_RPC = "cascade_live_state"
 INSTALL_HOOKS_RPC = "cascade_install_hooks"
-HOOKS = ("export", "bind_batch")
+PREDICTION_USAGE_RPC = "cascade_prediction_usage"
+HOOKS = ("export", "bind_batch", "draft_sampling")
 KINDS = ("runner_requests", "batch_rows", "prediction_states", "prediction_debug_logs")
 _MISSING = object()
 
@@ -45,6 +50,9 @@ HOOK_REQUIREMENTS: dict[str, tuple[tuple[str, type | None, bool], ...]] = {
         ("drafter.bind_batch", None, True),
         ("input_batch.req_ids", None, False),
         ("requests", dict, False),
+    ),
+    "draft_sampling": (
+        ("rejection_sampler", None, False),
     ),
 }
 
@@ -77,11 +85,12 @@ def missing_for(runner: Any, name: str) -> list[str]:
 
 
 def _installers() -> dict[str, tuple[Callable[[type], bool], Callable[[type], bool]]]:
-    from cascade.vllm_compat import bind_batch_hook, export_hook
+    from cascade.vllm_compat import bind_batch_hook, draft_sampling_fix, export_hook
 
     return {
         "export": (export_hook.install_export_hook, export_hook.is_installed),
         "bind_batch": (bind_batch_hook.install_bind_batch_hook, bind_batch_hook.is_installed),
+        "draft_sampling": (lambda _cls: draft_sampling_fix.install(), lambda _cls: draft_sampling_fix.is_installed()),
     }
 
 
@@ -134,6 +143,10 @@ class CascadeWorkerExtension:
 
     def cascade_live_state(self) -> dict[str, int]:
         return live_state(self)
+
+    def cascade_prediction_usage(self, request_id: str, answer_tokens: int) -> tuple[int, int] | None:
+        usage = getattr(getattr(getattr(self, "model_runner", None), "drafter", None), "prediction_usage", None)
+        return usage(request_id, answer_tokens) if callable(usage) else None
 
     def cascade_install_hooks(self, names: list[str]) -> list[str]:
         check_vllm_version()

@@ -49,14 +49,17 @@ def test_the_prompt_tokens_become_a_draft_source(proposer: StaticTextProposer, t
     assert proposer.states["r"].last_source == "prompt"
 
 
-def test_usage_of_a_finished_request_stays_readable(proposer: StaticTextProposer, toy: ToyTokenizer) -> None:
+def test_drafts_copied_from_the_prompt_are_not_prediction_tokens_in_the_usage_ledger(
+        proposer: StaticTextProposer, toy: ToyTokenizer) -> None:
     prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
     requests = {"r": request(toy, prompt, True)}
     proposer.bind_batch(["r"], requests)
-    proposer.propose([toy.encode_text("x")], np.array([len(prompt) + 1]), None)
-    live = proposer.prediction_usage("r")
-    assert live is not None and live["accepted_prediction_tokens"] == 0
+    draft = proposer.propose([written], np.array([len(prompt) + len(written)]), None)[0]
+    assert draft and proposer.states["r"].last_source == "prompt"
+    proposer.bind_batch(["r"], requests)
+    step = [*draft, toy.id("zzz")]
+    proposer.propose([step], np.array([len(prompt) + len(written) + len(step)]), None)
+    assert proposer.states["r"].accepted_by_source["prompt"] == len(draft)
     requests.clear()
-    assert proposer.release_finished() == 1 and "r" not in proposer.states
-    assert proposer.prediction_usage("r") == live
-    assert proposer.prediction_usage("unknown") is None
+    assert proposer.prediction_usage("r", len(written) + len(step)) == (0, 0)

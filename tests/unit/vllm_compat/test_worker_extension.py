@@ -48,7 +48,7 @@ def test_constants() -> None:
     assert f"{CascadeWorkerExtension.__module__}.{CascadeWorkerExtension.__qualname__}" == WORKER_EXTENSION
     assert LIVE_STATE_RPC == "cascade_live_state" and hasattr(CascadeWorkerExtension, LIVE_STATE_RPC)
     assert INSTALL_HOOKS_RPC == "cascade_install_hooks" and hasattr(CascadeWorkerExtension, INSTALL_HOOKS_RPC)
-    assert HOOKS == ("export", "bind_batch")
+    assert HOOKS == ("export", "bind_batch", "draft_sampling")
 
 
 def test_installs_on_a_complete_runner() -> None:
