@@ -14,7 +14,9 @@ next drafts. Sources, best first:
    anchored, an output line start (after a code fence or a leading sentence) anchors at the
    prediction's first line.
 2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
-   recent n-gram, so new code shaped like existing code is drafted too.
+   recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
+   successor of the last few tokens (``SuccessorCounts``). Both only once the output has followed
+   the prediction: a prediction the output never follows drafts nothing at all.
 
 The source with more evidence drafts (ties: the prediction), and ``DraftLength`` turns its evidence
 (the matched bytes plus every byte it held since) into a draft length. ``mode="prefix"`` is OpenAI's
@@ -56,7 +58,7 @@ class PredictionState:
                  min_evidence: int = 8, ngram_min: int = 2, ngram_max: int = 16, carry: float = 0.0,
                  near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
-                 min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 1) -> None:
+                 min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4) -> None:
         self.vocab = vocab
         self.mode = mode
         self.lengths = lengths or ConfidenceLength(k)
@@ -212,14 +214,17 @@ class PredictionState:
         if 0 <= self.cursor < len(self.text):
             source, evidence = "prediction", self.evidence
         copy_from: tuple[Source, int] | None = None
-        for copy, index in self.copies.items() if self.mode == "smart" else ():
+        # the prompt and the output draft only once the output has followed the prediction: a
+        # prediction the output never follows drafts nothing at all (no cost, seeded samples unchanged)
+        copying = self.mode == "smart" and self.anchored
+        for copy, index in self.copies.items() if copying else ():
             found = index.match(self._context)
             if found is None:
                 continue
             matched = len(text_of(self.vocab, self._context[-found.length:])) + self.copy_held
             if matched > evidence and matched >= self.min_copy_evidence[copy]:
                 source, evidence, copy_from = copy, matched, (copy, found.position)
-        if self.mode == "smart" and evidence < self.successor_below:
+        if copying and evidence < self.successor_below:
             guess = self.successors.propose(self._context, min(limit, self.successor_tokens),
                                             self.min_successor_probability)
             if guess:

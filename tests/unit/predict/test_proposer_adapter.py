@@ -31,7 +31,7 @@ def proposer(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer) -> StaticTextPr
 
 
 def request(toy: ToyTokenizer, prompt: list[int], with_ids: bool) -> Any:
-    params = SimpleNamespace(max_tokens=50, extra_args=prediction_extra_args(toy.encode_text("x = 1\n"), "smart"))
+    params = SimpleNamespace(max_tokens=50, extra_args=prediction_extra_args(toy.encode_text("def helper"), "smart"))
     return SimpleNamespace(sampling_params=params, num_prompt_tokens=len(prompt),
                            prompt_token_ids=prompt if with_ids else None)
 
