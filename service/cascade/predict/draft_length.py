@@ -33,7 +33,7 @@ class FixedLength:
 class ConfidenceLength:
     """About one drafted token per ``bytes_per_token`` bytes of evidence, between ``floor`` and K."""
 
-    def __init__(self, k_max: int, bytes_per_token: float = 1.2, floor: int = 2) -> None:
+    def __init__(self, k_max: int, bytes_per_token: float = 1.3, floor: int = 2) -> None:
         self.k_max = k_max
         self.bytes_per_token = max(0.25, bytes_per_token)
         self.floor = max(1, min(floor, k_max))
