@@ -155,7 +155,7 @@ def replay(case: Case, vocab: Any, k: int, adaptive: bool) -> tuple[list[bool], 
     from cascade.predict.simulator import simulate
 
     lengths = ConfidenceLength(k) if adaptive else FixedLength(k)
-    result = simulate(case.output_ids, case.prediction_ids, vocab, k, lengths=lengths)
+    result = simulate(case.output_ids, case.prediction_ids, vocab, k, prompt=case.prompt_ids, lengths=lengths)
     # The engine's first step is the prefill, which drafts nothing: the replay starts the same way.
     accepted_at: list[bool] = []
     for accepted in result.accepted_per_step:

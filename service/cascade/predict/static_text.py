@@ -58,7 +58,8 @@ class PredictionState:
                  min_evidence: int = 8, ngram_min: int = 2, ngram_max: int = 16, carry: float = 0.0,
                  near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
-                 min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4) -> None:
+                 min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
+                 copy_trust: float = 0.5) -> None:
         self.vocab = vocab
         self.mode = mode
         self.lengths = lengths or ConfidenceLength(k)
@@ -88,6 +89,7 @@ class PredictionState:
         self.min_successor_probability = min_successor_probability
         self.successor_below = successor_below
         self.successor_tokens = successor_tokens
+        self.copy_trust = copy_trust  # a copy's evidence counts this much towards its draft length
         if mode == "smart" and prompt_ids:
             self.copies["prompt"].add(0, prompt_ids)
             self.successors.add(prompt_ids)
@@ -233,7 +235,7 @@ class PredictionState:
                 return guess
         if source is None:
             return []
-        n = min(limit, self.lengths.length(evidence))
+        n = min(limit, self.lengths.length(evidence if source == "prediction" else int(evidence * self.copy_trust)))
         if source == "prediction":
             draft = self.spellings[self.spelling].tokens_at(self.cursor, n)
         else:
