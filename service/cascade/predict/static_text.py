@@ -11,8 +11,8 @@ next drafts. Sources, best first:
    is ever skipped blindly. A second spelling of the prediction without trailing whitespace and with
    blank-line runs collapsed lets an answer that writes one blank line where the file has two keep
    its place (the spelling with the longer match wins, ties keep the current one). Before anything
-   anchored, an output line start (after a code fence or a leading sentence) anchors at the
-   prediction's first line.
+   anchored, an output line that opens a code fence anchors at the prediction's first line (after a
+   leading sentence without a fence, the usual re-anchoring finds it a few bytes in).
 2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
    recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
    successor of the last few tokens (``SuccessorCounts``). Both only once the output has followed
@@ -185,7 +185,9 @@ class PredictionState:
         exact_length = len(self.spellings[0])
         for index, spelling in enumerate(self.spellings):
             expected = self.expected if index == 0 else self.expected * len(spelling) // max(1, exact_length)
-            near = spelling.anchor(self.tail, expected, self.min_near_evidence, self.near_bytes)
+            # before the output has followed the prediction there is no region being edited yet
+            near = (spelling.anchor(self.tail, expected, self.min_near_evidence, self.near_bytes)
+                    if self.anchored else None)
             far = spelling.anchor(self.tail, expected, self.min_evidence)
             for found, is_near in ((near, True), (far, False)):
                 if found is None:
@@ -196,9 +198,10 @@ class PredictionState:
                     if best is None or key[:2] > best[:2]:
                         best = key
         strong = self.min_evidence + self.far_margin
-        if not self.anchored and self.tail.endswith(NEWLINE) and (best is None or best[0] < strong):
-            # nothing of the prediction written yet, at a line start (after a code fence or a leading
-            # sentence): the answer's code starts with the prediction's start
+        if not self.anchored and self._after_fence() and (best is None or best[0] < strong):
+            # nothing of the prediction written yet, and the output just opened a code fence: the
+            # answer's code starts with the prediction's start (only there: a useless prediction must
+            # not draft at every line start)
             self.spelling, self.cursor, self.evidence = 0, 0, self.min_evidence
         elif best is not None:
             score, _, self.spelling, self.cursor, is_near = best
@@ -206,6 +209,12 @@ class PredictionState:
             # an anchor that continues the region the output was editing keeps part of its evidence
             self.evidence = length + (int(self.held_before * self.carry) if is_near else 0)
             self.reanchors += 1
+
+    def _after_fence(self) -> bool:
+        """Whether the output's last completed line opens a code fence (```, ```python …)."""
+        if not self.tail.endswith(NEWLINE):
+            return False
+        return self.tail[:-1].rsplit(NEWLINE, 1)[-1].lstrip().startswith(b"```")
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` draft tokens from the source with the most evidence; nothing without one."""

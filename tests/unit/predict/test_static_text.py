@@ -190,7 +190,9 @@ def test_a_rename_inside_a_line_resumes_drafting_within_the_line() -> None:
     tok = ToyTokenizer()
     prediction = tok.encode_text("result = compute(alpha, beta, gamma, delta)\nnext_line = 1\n")
     state = PredictionState(prediction, tok, lengths=ConfidenceLength(64))
-    state.observe(tok.encode_text("result = compute_all"))
+    state.observe(tok.encode_text("result = compute"))
+    state.propose(8)
+    state.observe(tok.encode_text("_all"))
     state.propose(8)
     state.observe(tok.encode_text("(alpha, "))
     assert state.last_source is None and state.propose(8)[:2] == tok.encode_text("beta,")
@@ -223,11 +225,19 @@ def test_a_fenced_answer_drafts_the_prediction_first_line_right_after_the_fence(
     tok = ToyTokenizer()
     state = PredictionState(tok.encode_text(CODE), tok)
     state.observe(tok.encode_text("Here is the file:\n"))
-    assert state.propose(4) == tok.encode_text(CODE)[:4]
+    assert state.propose(4) == []
     state.observe(tok.encode_text("```python\n"))
     assert state.propose(4) == tok.encode_text(CODE)[:4]
     state.observe(tok.encode_text("def load"))
     assert state.last_source is None and state.cursor == len(b"def load")
+
+
+def test_a_useless_prediction_is_not_retried_at_every_line_start() -> None:
+    tok = ToyTokenizer()
+    state = PredictionState(tok.encode_text("zzz qqq unrelated"), tok)
+    for line in CODE.splitlines(keepends=True):
+        state.observe(tok.encode_text(line))
+        assert state.propose(8) == []
 
 
 def test_collapse_blank_lines_strips_trailing_space_and_blank_runs() -> None:
