@@ -88,7 +88,7 @@ def recovered_after_edit(greedy: str, prediction: str, output_ids: list[int], ac
     edit_end, _ = span
     g_lines = greedy.splitlines(keepends=True)
     p_lines = prediction.splitlines(keepends=True)
-    kept = set()
+    kept: set[int] = set()
     for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, g_lines, p_lines, autojunk=False).get_opcodes():
         if tag == "equal":
             kept.update(i for i in range(i1, i2) if i >= edit_end)
@@ -151,11 +151,11 @@ def accepted_of(metrics: Any) -> tuple[int, int]:
 
 def replay(case: Case, vocab: Any, k: int, adaptive: bool) -> tuple[list[bool], int]:
     """Which output tokens came from accepted drafts, by the engine's greedy rule (pure core)."""
-    from cascade.predict.draft_length import AdaptiveLength, FixedLength
+    from cascade.predict.draft_length import ConfidenceLength, FixedLength
     from cascade.predict.simulator import simulate
 
-    lengths = AdaptiveLength(k) if adaptive else FixedLength(k)
-    result = simulate(case.output_ids, case.prediction_ids, vocab, k, lengths=lengths)
+    lengths = ConfidenceLength(k) if adaptive else FixedLength(k)
+    result = simulate(case.output_ids, case.prediction_ids, vocab, k, prompt=case.prompt_ids, lengths=lengths)
     # The engine's first step is the prefill, which drafts nothing: the replay starts the same way.
     accepted_at: list[bool] = []
     for accepted in result.accepted_per_step:
@@ -248,7 +248,7 @@ def print_tables(cases: list[Case], configs: list[str]) -> None:
         split = [speed(x, c) for x in pick((":resplit",))]
         local = pick((":delete_stanza", ":insert_lines"))
         useless = [speed(x, c) for x in pick((":useless",))]
-        recovered = [x.outcomes[c].recovered for x in local if x.outcomes[c].recovered is not None]
+        recovered = [r for x in local if (r := x.outcomes[c].recovered) is not None]
         print(f"| {c} | {min(exact):.2f}–{max(exact):.2f} | {min(split):.2f}–{max(split):.2f} | "
               f"{statistics.median(speed(x, c) for x in local):.2f} | "
               f"{min(recovered):.0%} | {min(useless):.2f} | "

@@ -1,14 +1,12 @@
-"""How many predicted tokens to draft this step, per request, from how the last drafts fared.
+"""How many tokens to draft this step, from how much evidence the drafting source has.
 
 vLLM fixes ``num_speculative_tokens`` (K) per engine; a proposer may still draft fewer. Long drafts
-pay when the prediction keeps being accepted (one verification step accepts up to K tokens) and
-cost a wider verification step when they are rejected. So: start at K (a prediction is usually
-right), shrink to about the run the prediction got right when the output leaves it (a renamed
-variable on every line leaves short runs), double again after a draft accepted whole, and keep the
-length while the output still follows the prediction's text (a different token split is not a
-sign of a bad prediction). Replayed on the benchmark's edit cases with a verification step costing
-1 + 0.04 × draft tokens (this CPU), this beats every fixed K and start-short-and-double; with
-nearly free verification (a GPU) it equals fixed K.
+pay when they are right (one verification step accepts up to K tokens) and cost a wider
+verification step when they are not. The evidence for a source is how many bytes of the output it
+already agrees with: the bytes that anchored it (the output's recent bytes found in the prediction,
+or the n-gram the prompt or output continues) plus every byte written since while it held. So a
+fresh anchor on a few bytes drafts a few tokens, and the draft grows as the anchor keeps holding,
+instead of starting from a fixed length after every divergence.
 """
 
 from __future__ import annotations
@@ -17,42 +15,28 @@ from typing import Protocol
 
 
 class DraftLength(Protocol):
-    def length(self) -> int:
-        """Tokens to draft now (the caller also caps it by K and the room left)."""
-
-    def update(self, proposed: int, accepted: int, on_track: bool) -> None:
-        """After the engine verified a draft: ``on_track`` is False when the output left the text."""
+    def length(self, evidence: int) -> int:
+        """Tokens to draft for a source that agrees with the output's last ``evidence`` bytes (the
+        caller also caps it by K and the room left)."""
 
 
 class FixedLength:
-    """Always K: the behaviour of a plain static-text proposer (benchmarks compare against it)."""
+    """Always K: a plain static-text proposer (``adaptive: false`` requests and benchmarks)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def length(self) -> int:
+    def length(self, evidence: int) -> int:
         return self.k
 
-    def update(self, proposed: int, accepted: int, on_track: bool) -> None:
-        """A fixed length learns nothing."""
 
+class ConfidenceLength:
+    """About one drafted token per ``bytes_per_token`` bytes of evidence, between ``floor`` and K."""
 
-class AdaptiveLength:
-    """Starts at K; doubles (up to K) after a draft accepted whole; after a divergence, at most twice
-    the run the last draft got right, plus two (never below ``floor``)."""
-
-    def __init__(self, k_max: int, start: int | None = None, floor: int = 4) -> None:
+    def __init__(self, k_max: int, bytes_per_token: float = 1.3, floor: int = 2) -> None:
         self.k_max = k_max
+        self.bytes_per_token = max(0.25, bytes_per_token)
         self.floor = max(1, min(floor, k_max))
-        self.current = max(1, min(start or k_max, k_max))
 
-    def length(self) -> int:
-        return self.current
-
-    def update(self, proposed: int, accepted: int, on_track: bool) -> None:
-        if proposed <= 0:
-            return
-        if not on_track:
-            self.current = max(self.floor, min(self.current, 2 * accepted + 2))
-        elif accepted >= proposed:
-            self.current = min(self.k_max, 2 * self.current)
+    def length(self, evidence: int) -> int:
+        return max(self.floor, min(self.k_max, int(evidence / self.bytes_per_token)))

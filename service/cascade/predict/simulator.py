@@ -2,7 +2,9 @@
 
 Each step the proposer drafts ≤ k tokens; the "engine" accepts the longest prefix that matches the
 target continuation and then emits the next target token itself; like the engine adapter, it never
-drafts past the last target token. Used by tests and benchmarks.
+drafts past the last target token. ``proposed``/``accepted`` count every draft (as the engine does),
+``prediction_accepted``/``prediction_rejected`` only those from the prediction (the usage fields).
+Used by tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cascade.predict.aligner import Aligner
-from cascade.predict.draft_length import DraftLength, FixedLength
+from cascade.predict.draft_length import DraftLength
 from cascade.predict.static_text import Mode, PredictionState
 from cascade.predict.vocabulary import Vocabulary
 
@@ -23,6 +24,8 @@ class SimulationResult:
     drafted_per_step: list[int] = field(default_factory=list)
     proposed: int = 0
     accepted: int = 0
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
     state: PredictionState | None = None
 
     @property
@@ -39,11 +42,12 @@ class SimulationResult:
 
 
 def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary, k: int,
-             mode: Mode = "smart", aligner: Aligner | None = None,
+             prompt: Sequence[int] | None = None, mode: Mode = "smart",
              lengths: DraftLength | None = None) -> SimulationResult:
-    """Generate ``target`` with drafts from ``prediction``; the output is always ``target`` itself."""
-    state = PredictionState(prediction, vocab, mode=mode, aligner=aligner,
-                            lengths=lengths or FixedLength(k))
+    """Generate ``target`` with drafts from ``prediction`` (and ``prompt``, the request's prompt token
+    ids, as the service passes them); the output is always ``target`` itself. The defaults are the
+    service's: the same ``PredictionState`` with the same defaults ``StaticTextProposer`` gives it."""
+    state = PredictionState(prediction, vocab, mode=mode, lengths=lengths, prompt_ids=prompt or (), k=k)
     result = SimulationResult(tokens=[], state=state)
     draft: list[int] = []
     while len(result.tokens) < len(target):
@@ -60,4 +64,6 @@ def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary
         draft = state.propose(min(k, len(target) - len(result.tokens) - 1))
     result.proposed = state.proposed
     result.accepted = state.accepted
+    result.prediction_accepted = state.prediction_accepted
+    result.prediction_rejected = state.prediction_rejected
     return result

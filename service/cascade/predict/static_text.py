@@ -1,25 +1,47 @@
-"""Static-text speculative proposer core: a cursor into the prediction's text that re-anchors on lines.
+"""The prediction proposer's core: ranked draft sources for one request, and how far to trust them.
 
 Pure Python (no vLLM). The engine adapter feeds it the tokens each step accepted and asks it for the
-next drafts. The cursor is a byte offset into the prediction's text, so the model may write that
-text with other token boundaries than the tokenised prediction: the rest of the text is then
-re-tokenised from the output's last token boundary. After a divergence the cursor is lost (-1); it
-is re-anchored only when an output line completes, by aligning the completed lines with the
-prediction's lines, so an edit costs only the lines around it, not the rest of the prediction.
+next drafts. Sources, best first:
+
+1. **The prediction**, followed as text: a byte cursor advances while the output spells the
+   prediction's text (whatever the token boundaries). When the output leaves it, the cursor is
+   re-anchored at once and after every later token, inside lines: the longest suffix of the output's
+   recent bytes that occurs in the prediction, nearest to where the output was expected to be
+   (``PredictionText.anchor``). It drafts only with enough evidence (``min_evidence`` bytes); no line
+   is ever skipped blindly. A second spelling of the prediction without trailing whitespace and with
+   blank-line runs collapsed lets an answer that writes one blank line where the file has two keep
+   its place (the spelling with the longer match wins, ties keep the current one). Before anything
+   anchored, an output line that opens a code fence anchors at the prediction's first line (after a
+   leading sentence without a fence, the usual re-anchoring finds it a few bytes in).
+2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
+   recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
+   successor of the last few tokens (``SuccessorCounts``). Both only once the output has followed
+   the prediction: a prediction the output never follows drafts nothing at all.
+
+The source with more evidence drafts (ties: the prediction), and ``DraftLength`` turns its evidence
+(the matched bytes plus every byte it held since) into a draft length. ``mode="prefix"`` is OpenAI's
+behaviour: follow the prediction from its start and stop at the first miss, no other source.
+
+Counts: ``proposed``/``accepted`` cover every draft (what the engine verifies and reports);
+``drafted_by_source``/``accepted_by_source`` split them by source, and ``prediction_accepted``/
+``prediction_rejected`` are the usage counts of OpenAI's fields (drafts from the prediction only).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Any, Literal
 
-from cascade.predict.aligner import Aligner, default_aligner
-from cascade.predict.draft_length import DraftLength, FixedLength
-from cascade.predict.vocabulary import Vocabulary, char_boundary, text_of
+from cascade.predict.draft_length import ConfidenceLength, DraftLength
+from cascade.predict.prediction_text import PredictionText, collapse_blank_lines
+from cascade.predict.successor_counts import SuccessorCounts
+from cascade.predict.token_source import TokenNgramSource
+from cascade.predict.vocabulary import Vocabulary, text_of
 
 Mode = Literal["smart", "prefix"]
+Source = Literal["prediction", "prompt", "output", "successors"]
+SOURCES: tuple[Source, ...] = ("prediction", "prompt", "output", "successors")
+TAIL_BYTES = 256
 NEWLINE = b"\n"
 
 
@@ -28,52 +50,84 @@ def normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def split_lines(text: bytes) -> tuple[list[bytes], list[int]]:
-    """Lines (each with its newline, the last one may lack it) and their start offsets."""
-    lines = text.splitlines(keepends=True)
-    starts = [0, *accumulate(len(line) for line in lines)][:len(lines)]
-    return lines, starts
-
-
 class PredictionState:
     """Per-request proposer state. ``observe`` once per engine step, then ``propose``."""
 
     def __init__(self, prediction_ids: Sequence[int], vocab: Vocabulary, mode: Mode = "smart",
-                 aligner: Aligner | None = None, lengths: DraftLength | None = None, window_lines: int = 8,
-                 window_bytes_per_token: int = 8) -> None:
+                 lengths: DraftLength | None = None, prompt_ids: Sequence[int] = (), k: int = 64,
+                 min_evidence: int = 8, ngram_min: int = 2, ngram_max: int = 16, carry: float = 0.0,
+                 near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
+                 min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
+                 min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
+                 copy_trust: float = 0.5) -> None:
         self.vocab = vocab
         self.mode = mode
-        self.aligner = aligner or default_aligner()
-        self.lengths = lengths or FixedLength(8)
-        self.window_lines = window_lines
-        self.window_bytes_per_token = window_bytes_per_token
+        self.lengths = lengths or ConfidenceLength(k)
+        self.min_evidence = min_evidence
         ids = [t for t in prediction_ids if vocab.piece(t)]
-        self.text = text_of(vocab, ids)
-        self.lines, self.line_starts = split_lines(self.text)
+        exact = PredictionText(text_of(vocab, ids), vocab, ids)
+        self.spellings = [exact]
+        collapsed = collapse_blank_lines(exact.text)
+        if mode == "smart" and collapsed != exact.text:
+            self.spellings.append(PredictionText(collapsed, vocab))
+        self.spelling = 0
         self.cursor = 0
-        self._set_tokens(ids, 0)
-        self.context_lines: list[bytes] = []
-        self.partial = b""
+        self.evidence = len(exact.text)  # the prediction's start needs no evidence: it is where answers start
+        self.expected = 0  # where in the exact spelling the output is thought to be while lost
+        self.anchored = False  # whether the output has followed the prediction's text yet
+        self.held_before = 0
+        self.copy_held = 0  # bytes the prompt/output copy drafted whole in a row
+        self.carry = carry
+        self.near_bytes = near_bytes
+        self.min_near_evidence = min_near_evidence
+        self.far_margin = far_margin
+        self.min_copy_evidence = {"prompt": min_prompt_evidence, "output": min_output_evidence}
+        self.copies: dict[Source, TokenNgramSource] = {
+            "prompt": TokenNgramSource(ngram_min, ngram_max), "output": TokenNgramSource(ngram_min, ngram_max)}
+        self._context: list[int] = list(prompt_ids[-ngram_max:])
+        self.successors = SuccessorCounts(successor_n)
+        self.min_successor_probability = min_successor_probability
+        self.successor_below = successor_below
+        self.successor_tokens = successor_tokens
+        self.copy_trust = copy_trust  # a copy's evidence counts this much towards its draft length
+        if mode == "smart" and prompt_ids:
+            self.copies["prompt"].add(0, prompt_ids)
+            self.successors.add(prompt_ids)
+        self._first_output = True
+        self.tail = b""
         self.last_proposal: list[int] = []
-        self.proposed = 0
-        self.accepted = 0
-        self.alignments = 0
+        self.last_source: Source | None = None
+        self.drafted_by_source = dict.fromkeys(SOURCES, 0)
+        self.accepted_by_source = dict.fromkeys(SOURCES, 0)
         self.reanchors = 0
-        self.retokenised = 0
-        self.failed_reanchors = 0
-        self._skip_alignments = 0
-        self._just_reanchored = False
-        self.lost_line = -1
+
+    @property
+    def text(self) -> bytes:
+        return self.spellings[self.spelling].text
+
+    @property
+    def proposed(self) -> int:
+        return sum(self.drafted_by_source.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_by_source.values())
 
     @property
     def rejected(self) -> int:
         return self.proposed - self.accepted
 
-    def _set_tokens(self, ids: list[int], start: int) -> None:
-        """The tokenisation drafts come from: ``ids`` cover the text from byte ``start`` on."""
-        self._ids = ids
-        self._starts = list(accumulate((len(self.vocab.piece(t)) for t in ids), initial=start))
-        self._end = self._starts.pop()
+    @property
+    def prediction_accepted(self) -> int:
+        return self.accepted_by_source["prediction"]
+
+    @property
+    def prediction_rejected(self) -> int:
+        return self.drafted_by_source["prediction"] - self.accepted_by_source["prediction"]
+
+    @property
+    def retokenised(self) -> int:
+        return sum(s.retokenised for s in self.spellings)
 
     def _count_accepted(self, new_tokens: Sequence[int]) -> int:
         """The engine keeps the longest matching prefix of the last draft, then adds a token of its own
@@ -83,86 +137,130 @@ class PredictionState:
             if proposed != got:
                 break
             accepted += 1
-        self.accepted += accepted
+        if self.last_source is not None:
+            self.accepted_by_source[self.last_source] += accepted
         return accepted
-
-    def _extend_context(self, data: bytes) -> bool:
-        lines = (self.partial + data).split(NEWLINE)
-        self.partial = lines.pop()
-        self.context_lines += [line + NEWLINE for line in lines]
-        return bool(lines)
 
     def observe(self, new_tokens: Sequence[int]) -> None:
         """The tokens the engine accepted this step (accepted drafts plus its own next token)."""
-        proposed = len(self.last_proposal)
         accepted = self._count_accepted(new_tokens)
-        self.last_proposal = []
+        proposed = len(self.last_proposal)
         data = text_of(self.vocab, new_tokens)
-        line_completed = self._extend_context(data)
-        on_track = self.cursor >= 0 and self.text.startswith(data, self.cursor)
-        self.lengths.update(proposed, accepted, on_track)
-        if self._just_reanchored and proposed:
-            self._just_reanchored = False
-            self.failed_reanchors = 0 if accepted or on_track else self.failed_reanchors + 1
-            self._skip_alignments = (1 << min(self.failed_reanchors, 6)) - 1
-        if on_track:
+        copied = self.last_source in ("prompt", "output") and accepted == proposed > 0
+        self.copy_held = self.copy_held + len(data) if copied else 0
+        self.last_proposal, self.last_source = [], None
+        self.tail = (self.tail + data)[-TAIL_BYTES:]
+        if self.mode == "smart":
+            self.copies["output"].add(0, new_tokens)
+            self.successors.add(new_tokens, new_stream=self._first_output)
+            self._first_output = False
+            self._context = (self._context + list(new_tokens))[-self.copies["output"].max_n:]
+        if self.cursor >= 0 and self.text.startswith(data, self.cursor):
             self.cursor += len(data)
-            if accepted < proposed:
-                self._set_tokens([], self.cursor)
+            self.evidence += len(data)
+            self.anchored = True
+            if accepted < proposed:  # the model split the text differently: re-tokenise from here
+                self.spellings[self.spelling].forget_tokens(self.cursor)
             return
         if self.cursor >= 0:
-            self.lost_line = bisect_right(self.line_starts, self.cursor) - 1
+            self.expected = self._exact_offset(self.cursor)
+            self.held_before = self.evidence
+        self.expected += len(data)
         self.cursor = -1
-        if self.mode == "smart" and line_completed:
-            self._realign()
+        self.evidence = 0
+        if self.mode == "smart":
+            self._reanchor()
 
-    def _realign(self) -> None:
-        """Re-anchor after a completed line. After n re-anchors in a row whose first draft token was
-        rejected, skip 2**n - 1 completed lines (at most 63) before aligning again: a prediction that
-        keeps anchoring falsely stops costing rejected drafts and alignment time."""
-        if self._skip_alignments > 0:
-            self._skip_alignments -= 1
-            return
-        self.alignments += 1
-        context = self.context_lines[-self.window_lines:]
-        index = self.aligner.align(context, self.lines, near=self.lost_line,
-                                   fits=lambda i: self.lines[i].startswith(self.partial))
-        if index is None:
-            return
-        self.cursor = self.line_starts[index] + len(self.partial)
-        self.reanchors += 1
-        self._just_reanchored = True
+    def _exact_offset(self, cursor: int) -> int:
+        """The cursor as an offset into the exact spelling (proportional for the collapsed one)."""
+        if self.spelling == 0:
+            return cursor
+        return cursor * len(self.spellings[0]) // max(1, len(self.spellings[self.spelling]))
 
-    def _token_index(self, n: int) -> int:
-        """Index of the draft token that starts at the cursor, re-tokenising the text from the cursor
-        when the output's last token ended inside a predicted token (or the tokens run out)."""
-        i = bisect_left(self._starts, self.cursor)
-        if i < len(self._starts) and self._starts[i] == self.cursor and (
-                i + n <= len(self._ids) or self._end == len(self.text)):
-            return i
-        window_end = char_boundary(self.text, self.cursor + max(64, n * self.window_bytes_per_token))
-        ids = self.vocab.encode(self.text[self.cursor:window_end])
-        if window_end < len(self.text) and len(ids) > 1:
-            ids.pop()
-        self._set_tokens(ids, self.cursor)
-        self.retokenised += 1
-        return 0
+    def _reanchor(self) -> None:
+        """Anchor the cursor where the output's recent bytes occur: near where the output is expected
+        (the region it is editing) on little evidence, anywhere else on more, and a far anchor only
+        when its match is clearly longer. The current spelling wins ties."""
+        best: tuple[int, bool, int, int, bool] | None = None  # (length, current, spelling, end, near)
+        exact_length = len(self.spellings[0])
+        for index, spelling in enumerate(self.spellings):
+            expected = self.expected if index == 0 else self.expected * len(spelling) // max(1, exact_length)
+            # before the output has followed the prediction there is no region being edited yet
+            near = (spelling.anchor(self.tail, expected, self.min_near_evidence, self.near_bytes)
+                    if self.anchored else None)
+            far = spelling.anchor(self.tail, expected, self.min_evidence)
+            for found, is_near in ((near, True), (far, False)):
+                if found is None:
+                    continue
+                score = found.length if is_near else found.length - self.far_margin
+                if is_near or found.length >= self.min_evidence + self.far_margin:
+                    key = (score, index == self.spelling, index, found.end, is_near)
+                    if best is None or key[:2] > best[:2]:
+                        best = key
+        strong = self.min_evidence + self.far_margin
+        if not self.anchored and self._after_fence() and (best is None or best[0] < strong):
+            # nothing of the prediction written yet, and the output just opened a code fence: the
+            # answer's code starts with the prediction's start (only there: a useless prediction must
+            # not draft at every line start)
+            self.spelling, self.cursor, self.evidence = 0, 0, self.min_evidence
+        elif best is not None:
+            score, _, self.spelling, self.cursor, is_near = best
+            length = score if is_near else score + self.far_margin
+            # an anchor that continues the region the output was editing keeps part of its evidence
+            self.evidence = length + (int(self.held_before * self.carry) if is_near else 0)
+            self.reanchors += 1
+
+    def _after_fence(self) -> bool:
+        """Whether the output's last completed line opens a code fence (```, ```python …)."""
+        if not self.tail.endswith(NEWLINE):
+            return False
+        return self.tail[:-1].rsplit(NEWLINE, 1)[-1].lstrip().startswith(b"```")
 
     def propose(self, limit: int) -> list[int]:
-        """Up to ``limit`` predicted tokens from the cursor (as many as the draft length policy
-        allows); nothing when lost or exhausted."""
-        n = min(limit, self.lengths.length())
-        if self.cursor < 0 or self.cursor >= len(self.text) or n <= 0:
+        """Up to ``limit`` draft tokens from the source with the most evidence; nothing without one."""
+        if limit <= 0:
             return []
-        i = self._token_index(n)
-        draft = self._ids[i:i + n]
-        self.last_proposal = draft
-        self.proposed += len(draft)
+        source: Source | None = None
+        evidence = 0
+        if 0 <= self.cursor < len(self.text):
+            source, evidence = "prediction", self.evidence
+        copy_from: tuple[Source, int] | None = None
+        # the prompt and the output draft only once the output has followed the prediction: a
+        # prediction the output never follows drafts nothing at all (no cost, seeded samples unchanged)
+        copying = self.mode == "smart" and self.anchored
+        for copy, index in self.copies.items() if copying else ():
+            found = index.match(self._context)
+            if found is None:
+                continue
+            matched = len(text_of(self.vocab, self._context[-found.length:])) + self.copy_held
+            if matched > evidence and matched >= self.min_copy_evidence[copy]:
+                source, evidence, copy_from = copy, matched, (copy, found.position)
+        if copying and evidence < self.successor_below:
+            guess = self.successors.propose(self._context, min(limit, self.successor_tokens),
+                                            self.min_successor_probability)
+            if guess:
+                self.last_proposal, self.last_source = guess, "successors"
+                self.drafted_by_source["successors"] += len(guess)
+                return guess
+        if source is None:
+            return []
+        n = min(limit, self.lengths.length(evidence if source == "prediction" else int(evidence * self.copy_trust)))
+        if source == "prediction":
+            draft = self.spellings[self.spelling].tokens_at(self.cursor, n)
+        else:
+            assert copy_from is not None
+            copy, position = copy_from
+            draft = self.copies[copy].tokens(0)[position:position + n]
+        self.last_proposal, self.last_source = draft, source
+        self.drafted_by_source[source] += len(draft)
         return draft
 
     def snapshot(self) -> dict[str, Any]:
         """State for the debug log."""
-        return {"cursor": self.cursor, "draft_length": self.lengths.length(),
-                "context_lines": len(self.context_lines), "partial": self.partial.decode("utf-8", "replace"),
-                "proposed": self.proposed, "accepted": self.accepted, "alignments": self.alignments,
-                "reanchors": self.reanchors, "retokenised": self.retokenised}
+        return {"source": self.last_source, "cursor": self.cursor, "spelling": self.spelling,
+                "evidence": self.evidence, "expected": self.expected,
+                "tail": self.tail[-40:].decode("utf-8", "replace"), "reanchors": self.reanchors,
+                "drafted_by_source": dict(self.drafted_by_source),
+                "accepted_by_source": dict(self.accepted_by_source),
+                "prediction_accepted": self.prediction_accepted, "prediction_rejected": self.prediction_rejected,
+                "retokenised": self.retokenised}

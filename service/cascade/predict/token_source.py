@@ -8,8 +8,10 @@ The index maps every n-gram (``min_n`` ≤ n ≤ ``max_n``) that has at least on
 position of that token, most recent registration winning. An n-gram is registered only when its
 continuation token is appended, so a match ending exactly at the end of a sequence is never found:
 a lane may index its own output and query with that same output. n-grams are keyed by a polynomial
-rolling hash over prefix hashes (O(1) per n-gram, so O(max_n) per appended token); a hit is checked
-against the tokens themselves, so a hash collision can only cost a draft, never give a wrong one.
+hash modulo 2³¹ − 1, built n by n (each n-gram's hash from its (n−1)-gram's: O(max_n) per appended
+token); a long append (a prompt) computes them with numpy, a row of tokens at a time, which is what
+keeps indexing a 4k-token prompt in a few milliseconds. A hit is checked against the tokens
+themselves, so a hash collision can only cost a draft, never give a wrong one.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-_MODULUS = (1 << 61) - 1
+import numpy as np
+
+_MODULUS = (1 << 31) - 1  # hash · base stays below 2**62: exact in int64
 _BASE = 1_000_003
+_BULK = 32  # appends of at least this many tokens are hashed with numpy
+_POSITION_BITS = 40
+_POSITION_MASK = (1 << _POSITION_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -28,14 +35,6 @@ class NgramMatch:
     key: Hashable
     position: int
     length: int
-
-
-class _Sequence:
-    __slots__ = ("prefix_hashes", "tokens")
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.prefix_hashes: list[int] = [0]
 
 
 class TokenNgramSource:
@@ -49,29 +48,52 @@ class TokenNgramSource:
         self._powers = [1]
         for _ in range(max_n):
             self._powers.append(self._powers[-1] * _BASE % _MODULUS)
-        self._sequences: dict[Hashable, _Sequence] = {}
-        # _index[n - min_n][hash of an n-gram] = (key, position of the token after its latest occurrence)
-        self._index: list[dict[int, tuple[Hashable, int]]] = [{} for _ in range(min_n, max_n + 1)]
+        self._sequences: dict[Hashable, list[int]] = {}
+        self._keys: list[Hashable] = []  # sequence number → key
+        self._numbers: dict[Hashable, int] = {}
+        # _index[n - min_n][hash of an n-gram] = where the token after its latest occurrence is, as
+        # (sequence number << 40) | position (plain ints: indexing a prompt creates no tuples)
+        self._index: list[dict[int, int]] = [{} for _ in range(min_n, max_n + 1)]
 
     def add(self, key: Hashable, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to sequence ``key`` (created when new) and index the n-grams they complete."""
-        sequence = self._sequences.get(key)
-        if sequence is None:
-            sequence = self._sequences[key] = _Sequence()
-        hashes, powers, min_n = sequence.prefix_hashes, self._powers, self.min_n
-        for token in tokens:
-            position = len(sequence.tokens)  # the n-grams ending just before this token now continue
-            for n in range(min_n, min(self.max_n, position) + 1):
-                ngram_hash = (hashes[position] - hashes[position - n] * powers[n]) % _MODULUS
-                self._index[n - min_n][ngram_hash] = (key, position)
-            token = int(token)  # numpy integers would overflow in the hash
-            sequence.tokens.append(token)
-            hashes.append((hashes[-1] * _BASE + token) % _MODULUS)
+        if key not in self._sequences:
+            self._numbers[key] = len(self._keys)
+            self._keys.append(key)
+        sequence = self._sequences.setdefault(key, [])
+        base = self._numbers[key] << _POSITION_BITS
+        start = len(sequence)
+        sequence.extend(int(t) for t in tokens)  # numpy integers would overflow in the hash
+        if len(sequence) - start >= _BULK:
+            self._index_bulk(base, sequence, start)
+            return
+        powers, min_n = self._powers, self.min_n
+        for position in range(max(start, 1), len(sequence)):  # n-grams ending before ``position`` now continue
+            ngram_hash = 0
+            for n in range(1, min(self.max_n, position) + 1):
+                ngram_hash = (sequence[position - n] * powers[n - 1] + ngram_hash) % _MODULUS
+                if n >= min_n:
+                    self._index[n - min_n][ngram_hash] = base | position
+
+    def _index_bulk(self, base: int, sequence: list[int], start: int) -> None:
+        """``add``'s indexing for the tokens from ``start`` on, one numpy row per n-gram length."""
+        window_start = max(0, start - self.max_n)
+        window = np.asarray(sequence[window_start:], dtype=np.int64) % _MODULUS
+        hashes = window
+        for n in range(1, self.max_n + 1):
+            if n > 1:
+                hashes = (hashes[:-1] * _BASE + window[n - 1:]) % _MODULUS
+            # the n-gram starting at window index i continues at absolute position window_start + i + n
+            first = max(0, start - window_start - n)
+            last = len(window) - n  # exclusive: a continuation token must exist
+            if n < self.min_n or first >= last:
+                continue
+            positions = range(base | (window_start + first + n), base | (window_start + last + n))
+            self._index[n - self.min_n].update(zip(hashes[first:last].tolist(), positions, strict=True))
 
     def tokens(self, key: Hashable) -> list[int]:
         """The tokens indexed under ``key`` (empty when unknown); do not modify."""
-        sequence = self._sequences.get(key)
-        return sequence.tokens if sequence is not None else []
+        return self._sequences.get(key, [])
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._sequences
@@ -89,8 +111,8 @@ class TokenNgramSource:
             hit = self._index[n - self.min_n].get(suffix_hashes[n])
             if hit is None:
                 continue
-            key, position = hit
-            indexed = self._sequences[key].tokens
+            key, position = self._keys[hit >> _POSITION_BITS], hit & _POSITION_MASK
+            indexed = self._sequences[key]
             if indexed[position - n:position] == [int(t) for t in context[-n:]]:
                 return NgramMatch(key, position, n)
         return None
@@ -102,4 +124,4 @@ class TokenNgramSource:
         found = self.match(context)
         if found is None:
             return []
-        return self._sequences[found.key].tokens[found.position:found.position + k]
+        return self._sequences[found.key][found.position:found.position + k]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
-from cascade.predict.draft_length import AdaptiveLength, DraftLength, FixedLength
+from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
 from cascade.predict.static_text import PredictionState
 from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
@@ -75,15 +75,22 @@ class StaticTextProposer:
         self._requests = requests
         self._bound = True
 
-    def _state(self, req_id: str) -> PredictionState | None:
+    def _state(self, req_id: str, token_ids_cpu: Any, row: int) -> PredictionState | None:
+        """The request's state, created on its first step from its prediction and its prompt's tokens
+        (the request's own ``prompt_token_ids``, else the first ``num_prompt_tokens`` of its row)."""
         state = self.states.get(req_id)
         if state is not None:
             return state
-        spec = prediction_spec(getattr(self._requests.get(req_id), "sampling_params", None))
+        request = self._requests.get(req_id)
+        spec = prediction_spec(getattr(request, "sampling_params", None))
         if not spec:
             return None
-        lengths: DraftLength = AdaptiveLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
-        state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths)
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is None and token_ids_cpu is not None:
+            prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
+        lengths: DraftLength = ConfidenceLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
+        state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
+                                prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k)
         self.states[req_id] = state
         self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
@@ -132,13 +139,16 @@ class StaticTextProposer:
         drafts: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):
             req_id = self._rows[row] if row < len(self._rows) else None
-            state = self._state(req_id) if req_id is not None else None
+            state = self._state(req_id, token_ids_cpu, row) if req_id is not None else None
             if req_id is None or state is None or not sampled:
                 drafts.append([])
                 continue
-            drafted, accepted = len(state.last_proposal), state.accepted
+            # the ledger counts drafts from the prediction only: drafts copied from the prompt or the
+            # output are not prediction tokens (``PredictionState`` keeps them per source)
+            drafted = len(state.last_proposal) if state.last_source == "prediction" else 0
+            accepted = state.prediction_accepted
             state.observe(list(sampled))
-            self.ledgers[req_id].record(len(sampled), drafted, state.accepted - accepted)
+            self.ledgers[req_id].record(len(sampled), drafted, state.prediction_accepted - accepted)
             total = int(num_tokens_no_spec[row])
             draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
                                              self._tokens_left(req_id, total) - 1)))

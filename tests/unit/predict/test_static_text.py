@@ -1,28 +1,16 @@
-"""Static-text proposer core: text cursor, re-anchoring, re-tokenisation, counters (no engine)."""
+"""Prediction proposer core: text cursor, re-anchoring inside lines, whitespace tolerance, the prompt
+and output as draft sources, re-tokenisation, per-source counts (no engine)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-from cascade.predict.aligner import LineAligner
-from cascade.predict.draft_length import AdaptiveLength, FixedLength
+from cascade.predict.draft_length import ConfidenceLength, FixedLength
+from cascade.predict.prediction_text import collapse_blank_lines
 from cascade.predict.simulator import simulate
-from cascade.predict.static_text import PredictionState, normalise_newlines, split_lines
+from cascade.predict.static_text import PredictionState, normalise_newlines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.predict.toy_tokens import CODE, ToyTokenizer
-
-
-class CountingAligner(LineAligner):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def align(self, context_lines: Sequence[bytes], prediction_lines: Sequence[bytes], near: int = -1,
-              fits: Callable[[int], bool] | None = None) -> int | None:
-        self.calls += 1
-        return super().align(context_lines, prediction_lines, near, fits)
 
 
 def _pair(target_text: str, prediction_text: str) -> tuple[list[int], list[int], ToyTokenizer]:
@@ -41,7 +29,7 @@ def test_empty_prediction_proposes_nothing() -> None:
 def test_unrelated_prediction_matches_nothing() -> None:
     target, prediction, tok = _pair(CODE, "zebra quartz\nvortex\n" * 3)
     result = simulate(target, prediction, tok, k=8)
-    assert result.accepted == 0
+    assert result.prediction_accepted == 0
     assert result.tokens == target
 
 
@@ -64,22 +52,6 @@ def test_cursor_advances_on_matching_text_and_is_lost_on_mismatch() -> None:
     assert state.cursor == -1 and state.propose(3) == []
 
 
-def test_alignment_runs_only_when_a_line_completes() -> None:
-    tok = ToyTokenizer()
-    prediction = tok.encode_text(CODE)
-    aligner = CountingAligner()
-    state = PredictionState(prediction, tok, aligner=aligner)
-    state.observe(tok.encode_text("bogus"))
-    assert state.cursor == -1
-    for word in ("more", " ", "words", " ", "here"):
-        state.observe(tok.encode_text(word))
-    assert aligner.calls == 0
-    state.observe(tok.encode_text("\n"))
-    assert aligner.calls == 1
-    state.observe(tok.encode_text("x"))
-    assert aligner.calls == 1
-
-
 def test_inserted_line_reanchors_at_the_next_predicted_line() -> None:
     target_text = CODE.replace("        data = handle.read()\n", "        data = handle.read()\n        log(data)\n")
     target, prediction, tok = _pair(target_text, CODE)
@@ -87,21 +59,21 @@ def test_inserted_line_reanchors_at_the_next_predicted_line() -> None:
     prefix = simulate(target, prediction, tok, k=8, mode="prefix")
     assert smart.tokens == target == prefix.tokens
     after_edit = len(target) - len(tok.encode_text(target_text.split("log(data)")[0]))
-    assert smart.accepted > prefix.accepted + 0.8 * (after_edit - 20)
+    assert smart.prediction_accepted > prefix.prediction_accepted + 0.8 * (after_edit - 20)
 
 
 def test_removed_lines_reanchor() -> None:
     target, prediction, tok = _pair(CODE.replace("    items = []\n", ""), CODE)
     smart = simulate(target, prediction, tok, k=8)
     prefix = simulate(target, prediction, tok, k=8, mode="prefix")
-    assert smart.accepted > prefix.accepted + 30
+    assert smart.prediction_accepted > prefix.prediction_accepted + 30
 
 
 def test_renamed_variable_recovers_on_unchanged_lines() -> None:
     target, prediction, tok = _pair(CODE.replace("items", "entries"), CODE)
     smart = simulate(target, prediction, tok, k=8)
     prefix = simulate(target, prediction, tok, k=8, mode="prefix")
-    assert smart.accepted > prefix.accepted + 15
+    assert smart.prediction_accepted > prefix.prediction_accepted + 15
 
 
 def test_extracted_helper_reanchors_after_the_new_function() -> None:
@@ -110,7 +82,7 @@ def test_extracted_helper_reanchors_after_the_new_function() -> None:
     smart = simulate(target, prediction, tok, k=8)
     assert smart.tokens == target
     tail = tok.encode_text(CODE.split("def parse(data):")[1])
-    assert smart.accepted >= 0.8 * len(tail)
+    assert smart.prediction_accepted >= 0.8 * len(tail)
 
 
 def test_crlf_prediction_matches_lf_output() -> None:
@@ -119,25 +91,10 @@ def test_crlf_prediction_matches_lf_output() -> None:
     assert result.rejected == 0 and result.accepted >= len(target) - result.steps
 
 
-def test_partial_line_must_match_before_reanchoring() -> None:
-    tok = ToyTokenizer()
-    prediction = "alpha\nbeta gamma\ndelta\n"
-    state = PredictionState(tok.encode_text(prediction), tok)
-    state.observe(tok.encode_text("zzz"))
-    state.observe(tok.encode_text("\nbeta"))
-    assert state.cursor == -1 or prediction.encode()[:state.cursor].endswith(b"beta")
-
-
 def test_prefix_mode_never_reanchors() -> None:
     target, prediction, tok = _pair(CODE.replace("def load(path):", "def load(p):"), CODE)
     result = simulate(target, prediction, tok, k=8, mode="prefix")
     assert result.accepted <= 3
-
-
-def test_split_lines_keeps_newlines_with_their_line() -> None:
-    lines, starts = split_lines(b"ab\nc\nd")
-    assert lines == [b"ab\n", b"c\n", b"d"]
-    assert starts == [0, 3, 5]
 
 
 def test_same_text_with_other_token_boundaries_keeps_being_accepted() -> None:
@@ -146,7 +103,7 @@ def test_same_text_with_other_token_boundaries_keeps_being_accepted() -> None:
     prediction = tok.encode_text(CODE)
     assert target != prediction
     for mode in ("smart", "prefix"):
-        result = simulate(target, prediction, tok, k=8, mode=mode)  # type: ignore[arg-type]
+        result = simulate(target, prediction, tok, k=8, mode=mode)
         assert result.tokens == target
         assert result.state is not None and result.state.cursor == len(CODE.encode())
         assert result.accepted >= len(target) - result.steps - CODE.count("handle")
@@ -165,7 +122,7 @@ def test_simulator_always_reproduces_target_and_counts_consistently(target_words
     tok = ToyTokenizer()
     target = [tok.id(w) for w in target_words]
     prediction = [tok.id(w) for w in prediction_words]
-    lengths = AdaptiveLength(k) if adaptive else FixedLength(k)
+    lengths = ConfidenceLength(k) if adaptive else FixedLength(k)
     result = simulate(target, prediction, tok, k=k, mode=mode, lengths=lengths)  # type: ignore[arg-type]
     assert result.tokens == target
     assert result.accepted == sum(result.accepted_per_step)
@@ -197,7 +154,7 @@ def test_any_resplit_of_the_predicted_text_is_followed_to_its_end(parts: list[st
     tok = ToyTokenizer()
     target = tok.split(text, at)
     prediction = tok.encode_text(text)
-    lengths = AdaptiveLength(k) if adaptive else FixedLength(k)
+    lengths = ConfidenceLength(k) if adaptive else FixedLength(k)
     result = simulate(target, prediction, tok, k=k, mode=mode, lengths=lengths)  # type: ignore[arg-type]
     assert result.tokens == target
     assert result.state is not None and result.state.cursor == len(text.encode())
@@ -214,16 +171,120 @@ def test_repeated_lines_resume_after_the_edit_not_at_the_first_copy() -> None:
     prediction_text = "def f(self):\n" + REPEATED * 6 + "    # TODO: check this\n" + REPEATED * 12
     target_text = "def f(self):\n" + REPEATED * 18
     target = tok.encode_text(target_text)
-    result = simulate(target, tok.encode_text(prediction_text), tok, k=64, lengths=AdaptiveLength(64))
+    result = simulate(target, tok.encode_text(prediction_text), tok, k=64, lengths=ConfidenceLength(64))
     assert result.tokens == target
-    assert result.accepted >= 0.95 * len(target)
+    assert result.prediction_accepted >= 0.95 * len(target)
 
 
-def test_aligner_prefers_the_first_fitting_copy_after_where_the_output_left() -> None:
-    lines = [b"a\n", b"x\n", b"x\n", b"TODO\n", b"x\n", b"x\n", b"x\n", b"end\n"]
-    aligner = LineAligner()
-    context = [b"a\n", b"x\n", b"x\n", b"x\n"]
-    assert aligner.align(context, lines, near=2) == 3
-    assert aligner.align(context, lines, near=2, fits=lambda i: lines[i] != b"TODO\n") == 6
-    assert aligner.align(context, lines, near=2, fits=lambda i: lines[i].startswith(b"e")) == 7
-    assert aligner.align(context, lines, near=7) == 7
+def test_prefix_mode_follows_only_the_prediction_and_stops_at_the_first_miss() -> None:
+    target, prediction, tok = _pair(CODE.replace("items", "entries"), CODE)
+    result = simulate(target, prediction, tok, k=8, prompt=tok.encode_text(CODE), mode="prefix")
+    assert result.state is not None
+    assert result.proposed == result.state.drafted_by_source["prediction"]
+    first_miss = len(tok.encode_text(CODE.split("items")[0]))
+    assert result.prediction_accepted <= first_miss
+
+
+def test_a_rename_inside_a_line_resumes_drafting_within_the_line() -> None:
+    """After a renamed name the prediction drafts again a few tokens later, not at the next line."""
+    tok = ToyTokenizer()
+    prediction = tok.encode_text("result = compute(alpha, beta, gamma, delta)\nnext_line = 1\n")
+    state = PredictionState(prediction, tok, lengths=ConfidenceLength(64))
+    state.observe(tok.encode_text("result = compute"))
+    state.propose(8)
+    state.observe(tok.encode_text("_all"))
+    state.propose(8)
+    state.observe(tok.encode_text("(alpha, "))
+    assert state.last_source is None and state.propose(8)[:2] == tok.encode_text("beta,")
+    assert state.last_source == "prediction"
+
+
+def test_a_look_alike_line_far_away_loses_to_the_region_being_edited() -> None:
+    tok = ToyTokenizer()
+    block = "    value = load(path)\n    return value\n"
+    prediction_text = "def first():\n" + block + "\n" + "x = 1\n" * 40 + "def second():\n" + block
+    prediction = tok.encode_text(prediction_text)
+    state = PredictionState(prediction, tok)
+    state.observe(tok.encode_text(prediction_text.split("def second")[0] + "def second():\n    valu"))
+    state.observe(tok.encode_text("e = load_all"))
+    state.observe(tok.encode_text("(path)\n"))
+    assert state.cursor > len(prediction_text.split("def second")[0].encode())
+
+
+def test_one_blank_line_where_the_prediction_has_two_keeps_the_cursor() -> None:
+    """Chat answers collapse blank-line runs: the collapsed spelling takes over and holds."""
+    text = CODE.replace("\n\ndef ", "\n\n\ndef ")
+    target, prediction, tok = _pair(CODE, text)
+    result = simulate(target, prediction, tok, k=16)
+    assert result.tokens == target
+    assert result.state is not None and result.state.spelling == 1
+    assert result.prediction_accepted >= 0.85 * len(target) - 2 * result.steps
+
+
+def test_a_fenced_answer_drafts_the_prediction_first_line_right_after_the_fence() -> None:
+    tok = ToyTokenizer()
+    state = PredictionState(tok.encode_text(CODE), tok)
+    state.observe(tok.encode_text("Here is the file:\n"))
+    assert state.propose(4) == []
+    state.observe(tok.encode_text("```python\n"))
+    assert state.propose(4) == tok.encode_text(CODE)[:4]
+    state.observe(tok.encode_text("def load"))
+    assert state.last_source is None and state.cursor == len(b"def load")
+
+
+def test_a_useless_prediction_is_not_retried_at_every_line_start() -> None:
+    tok = ToyTokenizer()
+    state = PredictionState(tok.encode_text("zzz qqq unrelated"), tok)
+    for line in CODE.splitlines(keepends=True):
+        state.observe(tok.encode_text(line))
+        assert state.propose(8) == []
+
+
+def test_collapse_blank_lines_strips_trailing_space_and_blank_runs() -> None:
+    assert collapse_blank_lines(b"a  \n\n\n \nb\t\nc\n\n") == b"a\n\nb\nc\n\n"
+
+
+def test_new_code_shaped_like_the_prompt_is_drafted_from_the_prompt() -> None:
+    tok = ToyTokenizer()
+    helper = "def check_size(value):\n    assert value.size > 0, value\n    return value\n"
+    prompt = tok.encode_text("Existing code:\n" + helper)
+    target = tok.encode_text(helper.replace("size", "shape"))
+    result = simulate(target, tok.encode_text("def check_size(value):\n    pass\n"), tok, k=16, prompt=prompt)
+    assert result.state is not None
+    copied = result.state.accepted_by_source["prompt"] + result.state.accepted_by_source["output"]
+    assert copied >= 10
+
+
+def test_a_prediction_the_output_never_follows_drafts_nothing() -> None:
+    target, _, tok = _pair(CODE, CODE)
+    result = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, prompt=target)
+    assert result.accepted == result.prediction_accepted == 0
+    assert result.proposed == result.prediction_rejected <= 8 * CODE.count("\n")
+
+
+def test_usage_counts_only_drafts_from_the_prediction() -> None:
+    tok = ToyTokenizer()
+    prompt = tok.encode_text(CODE)
+    target = tok.encode_text(CODE + "\n" + CODE)
+    result = simulate(target, tok.encode_text(CODE), tok, k=16, prompt=prompt)
+    state = result.state
+    assert state is not None
+    assert result.proposed == sum(state.drafted_by_source.values())
+    assert result.accepted == sum(state.accepted_by_source.values())
+    assert result.prediction_accepted == state.accepted_by_source["prediction"]
+    assert result.prediction_accepted + result.prediction_rejected == state.drafted_by_source["prediction"]
+    assert state.accepted_by_source["prompt"] + state.accepted_by_source["output"] > 0
+
+
+def test_draft_length_grows_with_how_long_the_anchor_has_held() -> None:
+    tok = ToyTokenizer()
+    text = CODE * 6
+    target = tok.encode_text(text)
+    result = simulate(target, target, tok, k=64)
+    assert result.rejected == 0
+    assert result.steps <= len(target) // 65 + 5
+    edited = tok.encode_text(text.replace("items.append", "items.add"))
+    drafted = simulate(edited, target, tok, k=64).drafted_per_step
+    after_edit = drafted[drafted.index(0, 2):]
+    grows = [d for d in after_edit if d]
+    assert grows[0] < 64 and max(grows) == 64

@@ -78,13 +78,17 @@ def test_no_match_shorter_than_min_n_and_no_draft_for_k_zero() -> None:
 
 
 def test_appending_in_pieces_equals_appending_at_once() -> None:
+    """Small appends are indexed token by token, long ones with numpy: the index is the same."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 6, 400).tolist()
     whole, pieces = TokenNgramSource(), TokenNgramSource()
-    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6]
-    whole.add("x", tokens)
-    for i in range(0, len(tokens), 4):
-        pieces.add("x", tokens[i:i + 4])
+    whole.add("x", tokens[:5])
+    whole.add("x", tokens[5:])
+    for i in range(0, len(tokens), 3):
+        pieces.add("x", tokens[i:i + 3])
     for cut in range(len(tokens)):
         assert whole.propose(tokens[:cut], 5) == pieces.propose(tokens[:cut], 5)
+    assert whole.propose(tokens, 8) == pieces.propose(tokens, 8)
 
 
 def test_numpy_integer_tokens_give_plain_int_drafts() -> None:
@@ -113,3 +117,16 @@ def test_matches_the_brute_force_reference(adds: list[tuple[int, list[int]]], co
         assert fast.propose(context, k) == slow.propose(context, k)
         own = fast.tokens(key)
         assert fast.propose(own, k) == slow.propose(own, k)
+
+
+@settings(max_examples=60, deadline=None)
+@given(head=st.lists(st.integers(0, 3), max_size=20), long=st.lists(st.integers(0, 3), min_size=32, max_size=70),
+       context=st.lists(st.integers(0, 3), max_size=10), k=st.integers(1, 6), min_n=st.integers(1, 3))
+def test_long_appends_match_the_brute_force_reference(head: list[int], long: list[int], context: list[int], k: int,
+                                                      min_n: int) -> None:
+    fast, slow = TokenNgramSource(min_n, min_n + 3), BruteForceSource(min_n, min_n + 3)
+    for key, tokens in ((1, head), (2, head), (1, long)):
+        fast.add(key, tokens)
+        slow.add(key, tokens)
+    assert fast.propose(context, k) == slow.propose(context, k)
+    assert fast.propose(long, k) == slow.propose(long, k)

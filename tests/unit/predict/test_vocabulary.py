@@ -65,4 +65,4 @@ def test_debug_snapshot_is_plain_yaml_even_inside_a_character() -> None:
     state = PredictionState(vocab.encode(text), vocab)
     state.observe([*vocab.encode(text[:2]), list(vocab.pieces).index(text[2:3])])
     record = yaml.safe_load(yaml.safe_dump(state.snapshot()))
-    assert record["cursor"] == 3 and record["partial"] == "na\ufffd" and record["draft_length"] == 8
+    assert record["cursor"] == 3 and record["tail"] == "na\ufffd" and record["source"] is None

@@ -1,0 +1,65 @@
+"""The engine adapter gives each request's state its prompt tokens and keeps its usage counts readable."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from cascade.vllm_compat.proposer import StaticTextProposer
+from cascade.vllm_compat.request_keys import prediction_extra_args
+
+from tests.unit.predict.toy_tokens import ToyTokenizer
+
+PROMPT = "def helper(value):\n    return value\n"
+
+
+@pytest.fixture
+def toy() -> ToyTokenizer:
+    return ToyTokenizer()
+
+
+@pytest.fixture
+def proposer(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer) -> StaticTextProposer:
+    vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
+    monkeypatch.setattr(vllm_tokenizers, "get_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr("cascade.vllm_compat.proposer.tokenizer_vocabulary", lambda tokenizer: toy)
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
+                             model_config=SimpleNamespace(max_model_len=256, tokenizer="toy", trust_remote_code=False))
+    return StaticTextProposer(config)
+
+
+def request(toy: ToyTokenizer, prompt: list[int], with_ids: bool) -> Any:
+    params = SimpleNamespace(max_tokens=50, extra_args=prediction_extra_args(toy.encode_text("def helper"), "smart"))
+    return SimpleNamespace(sampling_params=params, num_prompt_tokens=len(prompt),
+                           prompt_token_ids=prompt if with_ids else None)
+
+
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_the_prompt_tokens_become_a_draft_source(proposer: StaticTextProposer, toy: ToyTokenizer,
+                                                 with_ids: bool) -> None:
+    """From the request's ``prompt_token_ids``, else from the first ``num_prompt_tokens`` of its row."""
+    prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
+    row = np.array([[*prompt, *written, 0, 0, 0]])
+    proposer.bind_batch(["r"], {"r": request(toy, prompt, with_ids)})
+    drafts = proposer.propose([written], np.array([len(prompt) + len(written)]), row)
+    assert drafts[0] and drafts[0] == prompt[len(written):len(written) + len(drafts[0])]
+    assert proposer.states["r"].last_source == "prompt"
+
+
+def test_drafts_copied_from_the_prompt_are_not_prediction_tokens_in_the_usage_ledger(
+        proposer: StaticTextProposer, toy: ToyTokenizer) -> None:
+    prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
+    requests = {"r": request(toy, prompt, True)}
+    proposer.bind_batch(["r"], requests)
+    draft = proposer.propose([written], np.array([len(prompt) + len(written)]), None)[0]
+    assert draft and proposer.states["r"].last_source == "prompt"
+    proposer.bind_batch(["r"], requests)
+    step = [*draft, toy.id("zzz")]
+    proposer.propose([step], np.array([len(prompt) + len(written) + len(step)]), None)
+    assert proposer.states["r"].accepted_by_source["prompt"] == len(draft)
+    requests.clear()
+    assert proposer.prediction_usage("r", len(written) + len(step)) == (0, 0)
