@@ -22,11 +22,46 @@ def test_reference_expansion_repeats_each_value_over_its_drafts(rows: list[tuple
     assert got.dtype == torch.float32 and got.tolist() == want
 
 
-def test_after_install_the_samplers_expansion_keeps_float_and_int32_values() -> None:
+def _vllm_cpu_expansion():  # type: ignore[no-untyped-def]
+    """vLLM 0.32's expansion as its CPU build runs it: the C++ override of the Triton kernel."""
     from vllm.platforms import current_platform
 
-    current_platform.register_triton_kernel_overrides()
-    draft_sampling_fix.install()
-    assert draft_sampling_fix.problems() == []
-    assert draft_sampling_fix.is_installed()
-    assert draft_sampling_fix.install() is False  # idempotent
+    current_platform.import_kernels()
+    if not hasattr(torch.ops._C, "expand_kernel_impl"):
+        pytest.skip("this vLLM build has no CPU expand kernel")
+    from vllm.utils import cpu_triton_utils
+
+    def expand(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):  # type: ignore[no-untyped-def]
+        out = x.new_empty(num_tokens)
+        cpu_triton_utils._expand_kernel_impl(out, x, cu_num_tokens, replace_from, replace_to)
+        return out
+
+    return expand
+
+
+def test_the_probe_finds_vllms_cpu_expansion_broken_and_the_replacement_right() -> None:
+    broken = _vllm_cpu_expansion()
+    found = draft_sampling_fix.problems(broken)
+    assert any("float32" in p for p in found) and any("int32" in p for p in found)
+    assert draft_sampling_fix.problems(draft_sampling_fix.expand_batch_to_tokens) == []
+
+
+def test_install_replaces_a_broken_expansion_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.sample import rejection_sampler
+
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", _vllm_cpu_expansion())
+    assert draft_sampling_fix.is_broken()
+    assert draft_sampling_fix.install() is True
+    assert draft_sampling_fix.problems() == [] and draft_sampling_fix.is_installed()
+    assert draft_sampling_fix.install() is False
+
+
+def test_install_leaves_a_correct_expansion_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.sample import rejection_sampler
+
+    def correct(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):  # type: ignore[no-untyped-def]
+        return draft_sampling_fix.expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", correct)
+    assert draft_sampling_fix.install() is False
+    assert rejection_sampler.expand_batch_to_tokens is correct
