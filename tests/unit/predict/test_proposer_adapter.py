@@ -11,6 +11,7 @@ from cascade.vllm_compat.proposer import StaticTextProposer
 from cascade.vllm_compat.request_keys import prediction_extra_args
 
 from tests.unit.predict.toy_tokens import ToyTokenizer
+from tests.unit.vllm_compat.stand_ins import toy_proposer
 
 PROMPT = "def helper(value):\n    return value\n"
 
@@ -22,12 +23,7 @@ def toy() -> ToyTokenizer:
 
 @pytest.fixture
 def proposer(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer) -> StaticTextProposer:
-    vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
-    monkeypatch.setattr(vllm_tokenizers, "get_tokenizer", lambda *a, **k: None)
-    monkeypatch.setattr("cascade.vllm_compat.proposer.tokenizer_vocabulary", lambda tokenizer: toy)
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
-                             model_config=SimpleNamespace(max_model_len=256, tokenizer="toy", trust_remote_code=False))
-    return StaticTextProposer(config)
+    return toy_proposer(monkeypatch, toy, 8)
 
 
 def request(toy: ToyTokenizer, prompt: list[int], with_ids: bool) -> Any:

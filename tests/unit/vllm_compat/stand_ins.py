@@ -104,3 +104,16 @@ class DraftingRunner:
 def fresh(cls: type) -> type:
     """A subclass to install hooks on, so each test patches its own class."""
     return type(f"Fresh{cls.__name__}", (cls,), {})
+
+
+def toy_proposer(monkeypatch: Any, vocabulary: Any, k: int) -> Any:
+    """The real ``StaticTextProposer`` over a toy vocabulary (no tokenizer is loaded), drafting ≤ ``k``."""
+    import pytest
+    from cascade.vllm_compat.proposer import StaticTextProposer
+
+    vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
+    monkeypatch.setattr(vllm_tokenizers, "get_tokenizer", lambda *a, **kw: None)
+    monkeypatch.setattr("cascade.vllm_compat.proposer.tokenizer_vocabulary", lambda tokenizer: vocabulary)
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                             model_config=SimpleNamespace(max_model_len=256, tokenizer="toy", trust_remote_code=False))
+    return StaticTextProposer(config)

@@ -14,7 +14,7 @@ from cascade.vllm_compat.request_keys import prediction_extra_args
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 from tests.unit.predict.toy_tokens import ToyTokenizer
-from tests.unit.vllm_compat.stand_ins import DraftingRunner, fresh
+from tests.unit.vllm_compat.stand_ins import DraftingRunner, fresh, toy_proposer
 
 PREDICTION = "def f(x):\n    return x + 1\n"
 
@@ -26,12 +26,7 @@ def toy() -> ToyTokenizer:
 
 @pytest.fixture
 def proposer(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer) -> StaticTextProposer:
-    vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
-    monkeypatch.setattr(vllm_tokenizers, "get_tokenizer", lambda *a, **k: None)
-    monkeypatch.setattr("cascade.vllm_compat.proposer.tokenizer_vocabulary", lambda tokenizer: toy)
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3),
-                             model_config=SimpleNamespace(max_model_len=256, tokenizer="toy", trust_remote_code=False))
-    return StaticTextProposer(config)
+    return toy_proposer(monkeypatch, toy, 3)
 
 
 def predicted(toy: ToyTokenizer) -> tuple[list[int], dict[str, Any]]:
