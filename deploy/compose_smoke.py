@@ -40,6 +40,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +434,21 @@ def load_until(stack: Stack, stop: threading.Event, results: list[tuple[float, f
         results.append((started, time.monotonic(), ok, outcome))
 
 
+def down_lines(balancer: str, since: float) -> list[tuple[float, str]]:
+    """The balancer's log lines, written after ``since`` (epoch seconds, Docker's timestamps), that
+    mark replica2 down in the backend that health-checks it; replica2 was also DOWN while its
+    engine started, so only lines after the kill count."""
+    logs = run(["docker", "logs", "--timestamps", balancer], check=False, quiet=True)
+    found = []
+    for line in (logs.stdout + logs.stderr).splitlines():
+        stamp, _, text = line.partition(" ")
+        if "Server replicas/replica2 is DOWN" in text:
+            when = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
+            if when > since:
+                found.append((when, text.strip()))
+    return found
+
+
 def check_replica_death(stack: Stack, timeout: float) -> float:
     """Kill replica 2 (``docker kill``) under load: every request started after the kill succeeds on
     replica1; the balancer's /ready check marks replica2 down. Returns kill -> marked down, seconds."""
@@ -446,18 +462,18 @@ def check_replica_death(stack: Stack, timeout: float) -> float:
         worker.start()
     try:
         deadline = time.monotonic() + timeout
-        while {outcome for *_, outcome in results} < {"replica1", "replica2"}:
+        while not all(sum(outcome == name for *_, outcome in results) >= 2 for name in ("replica1", "replica2")):
             if time.monotonic() > deadline:
                 raise SmokeFailure(f"the load never reached both replicas: {results[-6:]}")
             time.sleep(0.5)
-        victim = stack.container(REPLICAS[1])
-        killed = time.monotonic()
+        victim, balancer = stack.container(REPLICAS[1]), stack.container("balancer")
+        killed, killed_at = time.monotonic(), time.time()
         run(["docker", "kill", victim])
-        marked_down = None
+        marked_down, downs = None, []
         while time.monotonic() < killed + 60:
-            logs = stack.compose("logs", "balancer", check=False, quiet=True).stdout
-            if re.search(r"Server replicas/replica2 is DOWN", logs):
-                marked_down = time.monotonic() - killed
+            downs = down_lines(balancer, killed_at)
+            if downs:
+                marked_down = downs[0][0] - killed_at
                 break
             time.sleep(1)
         time.sleep(max(0.0, killed + 25 - time.monotonic()))  # keep loading a while after the kill
@@ -468,7 +484,7 @@ def check_replica_death(stack: Stack, timeout: float) -> float:
     if marked_down is None:
         raise SmokeFailure("the balancer's health check did not mark replica2 down within 60 s of the kill")
     say(f"the balancer marked replica2 DOWN {marked_down:.1f} s after the kill "
-        f"(\"{next(line for line in logs.splitlines() if 'replicas/replica2 is DOWN' in line).strip()[:160]}\")")
+        f"(\"{downs[0][1][:160]}\")")
     before = [r for r in results if r[0] < killed]
     cut = [r for r in before if r[1] >= killed]
     after = [r for r in results if r[0] >= killed]
