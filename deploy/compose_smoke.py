@@ -468,7 +468,13 @@ def check_replica_death(stack: Stack, timeout: float) -> float:
             time.sleep(0.5)
         victim, balancer = stack.container(REPLICAS[1]), stack.container("balancer")
         killed, killed_at = time.monotonic(), time.time()
-        run(["docker", "kill", victim])
+        killing = run(["docker", "kill", victim], check=False)
+        # SIGKILL went out, but the engine's processes were still being torn down when Docker checked
+        # ("PID … is zombie and can not be killed", seen here under load): it is dying, go on.
+        if killing.returncode != 0 and "is zombie" not in killing.stderr:
+            raise SmokeFailure(f"docker kill {victim[:12]} failed: {killing.stderr.strip()[-500:]}")
+        if killing.returncode != 0:
+            say(f"docker kill: {killing.stderr.strip()[:200]} (the process got SIGKILL; its namespace is going)")
         marked_down, downs = None, []
         while time.monotonic() < killed + 60:
             downs = down_lines(balancer, killed_at)
