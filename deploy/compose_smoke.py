@@ -13,6 +13,13 @@ the gateway with the API key through ``deploy/prometheus/prometheus.yml``'s scra
 its target is up. Grafana's image is out of reach here: its provisioning and dashboard are
 validated as files (tests/deploy/test_deploy_manifests.py).
 
+``--replicas``: the compose ``replicas`` profile instead, two gateways (embedded model, no
+prediction engine) behind HAProxy from ``deploy/Dockerfile.haproxy`` (Debian's package on the same
+base image); through the balancer's published port: ``/ready``, a container made on replica1 that
+is replica2's bytes and opens on replica2 (``X-Cascade-Replica`` names the serving replica), then
+replica2 killed (``docker kill``) under load: every request started after the kill succeeds and
+the balancer's ``/ready`` check logs replica2 DOWN.
+
 Standard library only (runs with any Python 3.11). It starts ``dockerd`` when no engine answers and
 it may (root), and stops everything it started: the compose project (``cascade-smoke-<checkout>``,
 volumes included), Prometheus, that ``dockerd``. Image and project names carry a hash of the
