@@ -13,6 +13,13 @@ the gateway with the API key through ``deploy/prometheus/prometheus.yml``'s scra
 its target is up. Grafana's image is out of reach here: its provisioning and dashboard are
 validated as files (tests/deploy/test_deploy_manifests.py).
 
+``--replicas``: the compose ``replicas`` profile instead, two gateways (embedded model, no
+prediction engine) behind HAProxy from ``deploy/Dockerfile.haproxy`` (Debian's package on the same
+base image); through the balancer's published port: ``/ready``, a container made on replica1 that
+is replica2's bytes and opens on replica2 (``X-Cascade-Replica`` names the serving replica), then
+replica2 killed (``docker kill``) under load: every request started after the kill succeeds and
+the balancer's ``/ready`` check logs replica2 DOWN.
+
 Standard library only (runs with any Python 3.11). It starts ``dockerd`` when no engine answers and
 it may (root), and stops everything it started: the compose project (``cascade-smoke-<checkout>``,
 volumes included), Prometheus, that ``dockerd``. Image and project names carry a hash of the
@@ -33,12 +40,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +57,7 @@ CHECKOUT = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
 PROJECT = f"cascade-smoke-{CHECKOUT}"
 SERVICE = "cascade-cpu"
 IMAGE = f"cascade-cpu:smoke-{CHECKOUT}"
+HAPROXY_IMAGE = f"cascade-haproxy:smoke-{CHECKOUT}"
 DEFAULT_BASE = "python:3.11-slim"
 OFFLINE_BASE = "cascade-base:bookworm"
 TORCH = "torch==2.13.0+cpu"
@@ -195,38 +205,53 @@ def build_image(base: str) -> float:
 # --- the stack ----------------------------------------------------------------------------------
 
 class Stack:
-    """The compose project ``cascade-smoke``: the CPU profile's gateway, from the built image."""
+    """A compose project of ours: by default ``cascade-smoke-<checkout>``, the CPU profile's gateway."""
 
-    def __init__(self, compose: list[str], env: dict[str, str]) -> None:
-        self.base = [*compose, "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), "--profile", "cpu"]
+    def __init__(self, compose: list[str], env: dict[str, str], profile: str = "cpu", project: str = PROJECT) -> None:
+        self.base = [*compose, "-p", project, "-f", str(REPO / "docker-compose.yml"), "--profile", profile]
         self.env = env
         self.port = int(env["CASCADE_PUBLISHED_PORT"])
         self.key = env["CASCADE_API_KEY"]
         self.failures: list[str] = []
 
-    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run([*self.base, *args], env=self.env, timeout=timeout, check=check)
+    def compose(self, *args: str, timeout: float = 600, check: bool = True,
+                quiet: bool = False) -> subprocess.CompletedProcess[str]:
+        return run([*self.base, *args], env=self.env, timeout=timeout, check=check, quiet=quiet)
 
-    def up_until_healthy(self, timeout: float) -> float:
+    def container(self, service: str) -> str:
+        return self.compose("ps", "-q", service, quiet=True).stdout.strip()
+
+    def up_until_healthy(self, timeout: float, gateways: tuple[str, ...] = (SERVICE,),
+                         others: tuple[str, ...] = ()) -> float:
+        """``up -d`` the gateways (and others, e.g. the balancer); wait until every gateway's healthcheck passes."""
         started = time.monotonic()
-        self.compose("up", "-d", "--no-build", SERVICE)
-        container = self.compose("ps", "-q", SERVICE).stdout.strip()
-        while True:
-            state = run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.Health.Status}} {{.RestartCount}}",
-                         container], quiet=True).stdout.split()
-            if state[:2] == ["running", "healthy"]:
-                return time.monotonic() - started
-            if state[0] in ("exited", "dead") or state[2] != "0" or time.monotonic() - started > timeout:
-                logs = self.compose("logs", "--tail", "40", SERVICE, check=False).stdout
-                raise SmokeFailure(f"the gateway did not turn healthy (status, health, restarts: "
-                                   f"{' '.join(state)}):\n{logs[-4000:]}")
+        self.compose("up", "-d", "--no-build", *gateways, *others)
+        waiting = {service: self.container(service) for service in gateways}
+        while waiting:
+            for service, container in list(waiting.items()):
+                state = run(["docker", "inspect", "-f", "{{.State.Status}} {{.State.Health.Status}} {{.RestartCount}}",
+                             container], quiet=True).stdout.split()
+                if state[:2] == ["running", "healthy"]:
+                    say(f"{service} healthy after {time.monotonic() - started:.0f} s")
+                    del waiting[service]
+                elif state[0] in ("exited", "dead") or state[2] != "0" or time.monotonic() - started > timeout:
+                    logs = self.compose("logs", "--tail", "40", service, check=False).stdout
+                    raise SmokeFailure(f"{service} did not turn healthy (status, health, restarts: "
+                                       f"{' '.join(state)}):\n{logs[-4000:]}")
             time.sleep(3)
+        return time.monotonic() - started
 
     def exec(self, script: str) -> str:
         return self.compose("exec", "-T", SERVICE, "sh", "-c", script).stdout
 
     def request(self, method: str, path: str, body: bytes | dict[str, Any] | None = None, key: str | None = "",
                 content_type: str = "application/json", timeout: float = 600) -> tuple[int, bytes]:
+        status, _, payload = self.call(method, path, body, key, content_type, timeout)
+        return status, payload
+
+    def call(self, method: str, path: str, body: bytes | dict[str, Any] | None = None, key: str | None = "",
+             content_type: str = "application/json", timeout: float = 600) -> tuple[int, dict[str, str], bytes]:
+        """One request through the published port: status, response headers (lower-case names), body."""
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
         if data is not None:
@@ -236,9 +261,9 @@ class Stack:
             request.add_header("Authorization", f"Bearer {key}")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, response.read()
+                return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
         except urllib.error.HTTPError as error:
-            return error.code, error.read()
+            return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
     def json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         status, payload = self.request(method, path, body)
@@ -347,6 +372,167 @@ def check_prometheus(stack: Stack, work: Path) -> float:
         server.wait(30)
 
 
+# --- two replicas behind HAProxy (--replicas) ---------------------------------------------------
+
+REPLICAS = ("cascade-replica-1", "cascade-replica-2")
+LOAD_WORKERS = 3
+
+
+def build_balancer(base: str) -> float:
+    """deploy/Dockerfile.haproxy: Debian's haproxy package on the gateway's base image."""
+    started = time.monotonic()
+    run(["docker", "build", "--network", "host", "-f", "deploy/Dockerfile.haproxy", "--build-arg",
+         f"BASE_IMAGE={base}", "-t", HAPROXY_IMAGE, str(REPO)], timeout=900)
+    return time.monotonic() - started
+
+
+def through(stack: Stack, replica: str, method: str, path: str, body: bytes, content_type: str,
+            attempts: int = 12) -> bytes:
+    """Send the request through the balancer until the replica named ``replica`` serves it (its
+    ``X-Cascade-Replica`` header); least connections alternates between idle replicas."""
+    seen = []
+    for _ in range(attempts):
+        status, headers, payload = stack.call(method, path, body, content_type=content_type)
+        if status != 200:
+            raise SmokeFailure(f"{method} {path} through the balancer: {status} {payload[:300]!r}")
+        seen.append(headers.get("x-cascade-replica", "?"))
+        if seen[-1] == replica:
+            return payload
+    raise SmokeFailure(f"{attempts} requests through the balancer never reached {replica} (served by {seen})")
+
+
+def check_across_replicas(stack: Stack) -> None:
+    """/ready through the balancer; a container made by replica1 opens on replica2 and both make it the same."""
+    if stack.request("GET", "/ready", key=None)[0] != 401 or stack.request("GET", "/ready")[0] != 200:
+        raise SmokeFailure("/ready through the balancer: not 401 without the key and 200 with it")
+    say("/ready through the balancer: 401 without the key, 200 with it")
+    made_by_1 = through(stack, "replica1", "POST", "/compress", SAMPLE, "text/plain")
+    made_by_2 = through(stack, "replica2", "POST", "/compress", SAMPLE, "text/plain")
+    if made_by_1 != made_by_2:
+        raise SmokeFailure("replica1 and replica2 made different containers from the same input")
+    restored = through(stack, "replica2", "POST", "/decompress", made_by_1, "application/octet-stream")
+    if restored != SAMPLE:
+        raise SmokeFailure("the container replica1 made did not decompress to the input on replica2")
+    say(f"codec: compressed on replica1 ({len(made_by_1)} bytes, the same bytes as replica2's), "
+        "decompressed on replica2 to the input")
+
+
+def load_until(stack: Stack, stop: threading.Event, results: list[tuple[float, float, bool, str]],
+               container: bytes, model: str) -> None:
+    """One client of the load: decompressions and greedy chats through the balancer until ``stop``;
+    each result is (started, ended, succeeded, the serving replica or the error)."""
+    chat = {"model": model, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}]}
+    turn = 0
+    while not stop.is_set():
+        turn += 1
+        started = time.monotonic()
+        try:
+            if turn % 2:
+                status, headers, payload = stack.call("POST", "/decompress", container,
+                                                      content_type="application/octet-stream", timeout=120)
+                ok = status == 200 and payload == SAMPLE
+            else:
+                status, headers, payload = stack.call("POST", "/v1/chat/completions", chat, timeout=120)
+                ok = status == 200
+            outcome = headers.get("x-cascade-replica", "?") if ok else f"{status} {payload[:120]!r}"
+        except (urllib.error.URLError, OSError) as error:
+            ok, outcome = False, f"{type(error).__name__}: {error}"
+        results.append((started, time.monotonic(), ok, outcome))
+
+
+def down_lines(balancer: str, since: float) -> list[tuple[float, str]]:
+    """The balancer's log lines, written after ``since`` (epoch seconds, Docker's timestamps), that
+    mark replica2 down in the backend that health-checks it; replica2 was also DOWN while its
+    engine started, so only lines after the kill count."""
+    logs = run(["docker", "logs", "--timestamps", balancer], check=False, quiet=True)
+    found = []
+    for line in (logs.stdout + logs.stderr).splitlines():
+        stamp, _, text = line.partition(" ")
+        if "Server replicas/replica2 is DOWN" in text:
+            when = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
+            if when > since:
+                found.append((when, text.strip()))
+    return found
+
+
+def check_replica_death(stack: Stack, timeout: float) -> float:
+    """Kill replica 2 (``docker kill``) under load: every request started after the kill succeeds on
+    replica1; the balancer's /ready check marks replica2 down. Returns kill -> marked down, seconds."""
+    model = stack.json("GET", "/v1/models")["data"][0]["id"]
+    container = stack.request("POST", "/compress", SAMPLE, content_type="text/plain")[1]
+    stop = threading.Event()
+    results: list[tuple[float, float, bool, str]] = []
+    workers = [threading.Thread(target=load_until, args=(stack, stop, results, container, model), daemon=True)
+               for _ in range(LOAD_WORKERS)]
+    for worker in workers:
+        worker.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not all(sum(outcome == name for *_, outcome in results) >= 2 for name in ("replica1", "replica2")):
+            if time.monotonic() > deadline:
+                raise SmokeFailure(f"the load never reached both replicas: {results[-6:]}")
+            time.sleep(0.5)
+        victim, balancer = stack.container(REPLICAS[1]), stack.container("balancer")
+        killed, killed_at = time.monotonic(), time.time()
+        killing = run(["docker", "kill", victim], check=False)
+        # SIGKILL went out, but the engine's processes were still being torn down when Docker checked
+        # ("PID … is zombie and can not be killed", seen here under load): it is dying, go on.
+        if killing.returncode != 0 and "is zombie" not in killing.stderr:
+            raise SmokeFailure(f"docker kill {victim[:12]} failed: {killing.stderr.strip()[-500:]}")
+        if killing.returncode != 0:
+            say(f"docker kill: {killing.stderr.strip()[:200]} (the process got SIGKILL; its namespace is going)")
+        marked_down, downs = None, []
+        while time.monotonic() < killed + 60:
+            downs = down_lines(balancer, killed_at)
+            if downs:
+                marked_down = downs[0][0] - killed_at
+                break
+            time.sleep(1)
+        time.sleep(max(0.0, killed + 25 - time.monotonic()))  # keep loading a while after the kill
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(150)
+    if marked_down is None:
+        raise SmokeFailure("the balancer's health check did not mark replica2 down within 60 s of the kill")
+    say(f"the balancer marked replica2 DOWN {marked_down:.1f} s after the kill "
+        f"(\"{downs[0][1][:160]}\")")
+    before = [r for r in results if r[0] < killed]
+    cut = [r for r in before if r[1] >= killed]
+    after = [r for r in results if r[0] >= killed]
+    failed_after = [r for r in after if not r[2]]
+    say(f"load ({LOAD_WORKERS} clients, greedy chats and decompressions): {len(before) - len(cut)} done before the "
+        f"kill; {len(cut)} in flight at the kill ({sum(r[2] for r in cut)} succeeded, by "
+        f"{sorted({r[3] for r in cut})}); {len(after)} started after it, {len(after) - len(failed_after)} succeeded, "
+        f"served by {sorted({r[3] for r in after if r[2]})}")
+    if not after:
+        raise SmokeFailure("no request started after the kill")
+    if failed_after:
+        raise SmokeFailure(f"{len(failed_after)} requests started after the kill failed: {failed_after[:3]}")
+    state = run(["docker", "inspect", "-f", "{{.State.Status}} restarts={{.RestartCount}}", victim],
+                quiet=True).stdout.strip()
+    say(f"replica2's container after the kill: {state}")
+    return marked_down
+
+
+def run_replicas(compose: list[str], base: str, args: argparse.Namespace, timings: list[tuple[str, float]],
+                 stack_exit: ExitStack) -> None:
+    """The compose ``replicas`` profile: two gateways (embedded model, no prediction engine) behind HAProxy."""
+    timings.append((f"balancer image build (Debian haproxy, base {base})", build_balancer(base)))
+    env = {**os.environ, "CASCADE_API_KEY": secrets.token_urlsafe(16), "CASCADE_CPU_IMAGE": IMAGE,
+           "CASCADE_HAPROXY_IMAGE": HAPROXY_IMAGE, "CASCADE_PUBLISHED_PORT": str(free_port()),
+           "CASCADE_BASE_IMAGE": base, "CASCADE_MODEL": "/opt/cascade/models/pycoder-23m",
+           "CASCADE_ENABLE_PREDICTIONS": "false"}
+    stack = Stack(compose, env, profile="replicas", project=f"{PROJECT}-replicas")
+    stack.compose("down", "-v", "--remove-orphans", check=False)
+    stack_exit.callback(lambda: stack.compose("down", "-v", "--remove-orphans", check=False))
+    timings.append(("compose up (2 replicas + balancer) -> both healthy",
+                    stack.up_until_healthy(args.timeout, gateways=REPLICAS, others=("balancer",))))
+    check_across_replicas(stack)
+    timings.append(("replica2 killed -> balancer marks it down", check_replica_death(stack, 300)))
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
                              "must survive down && up; 'embedded' serves models/pycoder-23m")
     parser.add_argument("--quick", action="store_true",
                         help="CI variant: the embedded model, no down && up (the image build reuses cached layers)")
+    parser.add_argument("--replicas", action="store_true",
+                        help="the replicas profile instead: two gateways (embedded model) behind HAProxy, a "
+                             "container crossing replicas, one replica killed under load")
     parser.add_argument("--no-prometheus", action="store_true", help="skip the Prometheus scrape")
     parser.add_argument("--no-host-ca", action="store_true", help="do not put the host's CA bundle into the build")
     parser.add_argument("--timeout", type=float, default=1500, help="seconds for the gateway to turn healthy")
@@ -373,6 +562,11 @@ def main(argv: list[str] | None = None) -> int:
             base = base_image(args.base_image)
             with build_extras(host_ca=not args.no_host_ca):
                 timings.append((f"image build (base {base})", build_image(base)))
+            if args.replicas:
+                run_replicas(compose, base, args, timings, stack_exit)
+                print_timings(timings)
+                say("passed")
+                return 0
             env = {**os.environ, "CASCADE_API_KEY": secrets.token_urlsafe(16), "CASCADE_CPU_IMAGE": IMAGE,
                    "CASCADE_PUBLISHED_PORT": str(free_port()), "CASCADE_BASE_IMAGE": base}
             env["CASCADE_MODEL"] = model or "/opt/cascade/models/pycoder-23m"

@@ -2,15 +2,14 @@
 builds the CPU image from deploy/Dockerfile.cpu (reusing the engine's cached layers), starts the
 compose file's CPU profile and checks the healthcheck, ``/ready``, a chat, a prediction, a codec
 round trip and k-CBS through the published port, the non-root user writing ``CASCADE_HOME`` and
-Prometheus scraping with the API key.
+Prometheus scraping with the API key (where the host has ``prometheus``).
 
-Gated twice, and the skip says which gate stopped it: it runs only where a Docker engine answers
-(``docker info``) and ``CASCADE_TEST_COMPOSE=1`` is set. The opt-in is for CI's budget: measured
-on this project's loaded 2-core machine, this variant took 4 min 17 s with the image's layers
-cached, but a first build takes 7+ min more and a loaded machine stretched engine start-up to
-12 min (vLLM pins every engine worker to core 0), on top of CI's ~20 minutes. The full smoke (a
-fetched model surviving ``down && up``) is ``./dev compose-smoke`` by hand: docs/deployment.md
-has its timings.
+It runs wherever a Docker engine already answers (``docker info`` succeeds) and is skipped, with
+that reason, where none does (CI's machines: no engine runs there, so CI reports it skipped).
+``CASCADE_TEST_COMPOSE=0`` skips it even where an engine answers (a loaded machine, a quick local
+run). Measured on this project's loaded 2-core machine: ~4-6 min with the image's layers cached; a
+first build adds 7+ min. The full smoke (a fetched model surviving ``down && up``) and the replicas
+profile (``--replicas``) are ``./dev compose-smoke`` by hand: docs/deployment.md has their timings.
 """
 
 from __future__ import annotations
@@ -26,25 +25,32 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _engine_problem() -> str | None:
+    """Why no Docker engine can be used here, or None when ``docker info`` answers."""
     docker = shutil.which("docker")
     if docker is None:
         return "no docker CLI on PATH"
-    info = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=60)
-    return None if info.returncode == 0 else "no Docker engine answers (docker info failed)"
+    try:
+        info = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "the Docker engine did not answer `docker info` within 60 s"
+    return None if info.returncode == 0 else "no Docker engine answers (`docker info` failed)"
 
 
 @pytest.mark.timeout(3600)
 def test_compose_cpu_profile_builds_and_serves_on_this_machines_docker_engine() -> None:
+    if os.environ.get("CASCADE_TEST_COMPOSE") == "0":
+        pytest.skip("CASCADE_TEST_COMPOSE=0: the compose stack was not run")
     problem = _engine_problem()
     if problem is not None:
-        pytest.skip(f"{problem}: the compose stack did not run (start dockerd, then ./dev compose-smoke)")
-    if os.environ.get("CASCADE_TEST_COMPOSE") != "1":
-        pytest.skip("a Docker engine answers, but the compose stack runs only with CASCADE_TEST_COMPOSE=1 "
-                    "(4-20+ min on this machine: over CI's budget)")
-    result = subprocess.run([str(REPO / "dev"), "compose-smoke", "--quick"], cwd=REPO, capture_output=True,
-                            text=True, timeout=3500)
+        pytest.skip(f"{problem}: the compose stack did not run (start dockerd, then ./dev compose-smoke --quick)")
+    prometheus = shutil.which("prometheus") is not None
+    command = [str(REPO / "dev"), "compose-smoke", "--quick", *([] if prometheus else ["--no-prometheus"])]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3500)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
-    for step in ("chat (", "prediction:", "codec:", "k-CBS:", "Prometheus scraped /metrics with the key",
-                 "compose-smoke: passed"):
+    steps = ["healthy after", "chat (", "prediction:", "codec:", "k-CBS:",
+             "the non-root user 10001 writes CASCADE_HOME", "compose-smoke: passed"]
+    if prometheus:
+        steps.append("Prometheus scraped /metrics with the key: target up")
+    for step in steps:
         assert step in output, f"{step!r} missing from:\n{output[-3000:]}"

@@ -141,6 +141,20 @@ def test_dockerfiles_pass_hadolint_and_run_as_non_root(dockerfile: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_balancer_image_is_debians_haproxy_on_the_gateways_base_image_and_passes_hadolint() -> None:
+    text = (REPO / "deploy/Dockerfile.haproxy").read_text()
+    assert re.search(r"apt-get install .*\bhaproxy\b", text) and re.search(r"^USER 65534$", text, re.M)
+    services = _load("docker-compose.yml")["services"]
+    balancer, replica = services["balancer"], services["cascade-replica-1"]
+    assert balancer["build"]["dockerfile"] == "deploy/Dockerfile.haproxy"
+    # One base-image build argument for both images (the offline base serves a machine without a registry).
+    assert balancer["build"]["args"]["BASE_IMAGE"] == replica["build"]["args"]["BASE_IMAGE"]
+    assert balancer["command"][:2] == ["haproxy", "-db"], "foreground, so the server UP/DOWN lines reach the logs"
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([hadolint, str(REPO / "deploy/Dockerfile.haproxy")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_k8s_manifests_have_probes_gpu_requests_and_matching_selectors() -> None:
     deployment = _load("deploy/k8s/deployment.yaml")
     service = _load("deploy/k8s/service.yaml")
