@@ -1,8 +1,9 @@
 """Edit code with OpenAI's ``prediction=``: the current file is the draft, the model rewrites it.
 
-Most of an edited file is unchanged, so the draft is mostly right; Cascade's proposer re-anchors at
-the next matching line after the model departs from it, so the draft keeps paying off after the
-edit. The output is what the model writes anyway (try ``--no-prediction``: same text, slower).
+Most of an edited file is unchanged, so the draft is mostly right; Cascade's proposer re-anchors a
+few tokens after the model departs from it (where the output's last bytes occur in the draft), so
+the draft keeps paying off after the edit. The output is what the model writes anyway (try
+``--no-prediction``: same text, slower).
 
     python examples/predicted_edit.py --server http://127.0.0.1:8000
 """
