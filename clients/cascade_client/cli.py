@@ -244,7 +244,7 @@ def main(argv: list[str]) -> int:
     try:
         _run(args)
     except CascadeError as exc:
-        _fail(exc.message if not exc.status else f"{exc.message} (HTTP {exc.status})")
+        _fail(exc.message + (f" [{exc.code}]" if exc.code else "") + (f" (HTTP {exc.status})" if exc.status else ""))
         return EXIT_ERROR
     except KeyboardInterrupt:
         _fail("interrupted")

@@ -155,7 +155,9 @@ class Settings(BaseSettings):
                                           "headers (408, connection closed).")
     body_timeout_seconds: float = Field(
         60.0, gt=0, description="Total time a request may spend waiting for its body to arrive (408), plus one "
-        "second per body_min_rate_bytes received. Slow senders hold an admission slot while they trickle."
+        "second per body_min_rate_bytes received. Slow senders hold an admission slot while they trickle. A "
+        "/compress reply already under way cannot change its status: it ends without its trailer (refused as "
+        "truncated) or, over SSE, with a 408 error event."
     )
     body_min_rate_bytes: int = Field(16384, ge=1, description="Upload rate (bytes/s) that extends "
                                      "body_timeout_seconds, so large uploads over slow links still complete.")
@@ -225,7 +227,8 @@ LIMITS = [
     ("max_header_bytes", "total size of a request's headers", "431, connection closed"),
     ("max_headers", "header lines of a request", "431, connection closed"),
     ("header_timeout_seconds", "time to send the headers", "408, connection closed"),
-    ("body_timeout_seconds", "total time spent waiting for the body", "408 `body_timeout`"),
+    ("body_timeout_seconds", "total time spent waiting for the body", "408 `body_timeout` (a `/compress` reply "
+     "already under way: cut short, see \"A stalled upload\")"),
     ("request_timeout_seconds", "a /v1 request from start to last byte", "504 `deadline_exceeded` (stream: "
      "error event with status 504)"),
     ("max_concurrent_requests", "requests in flight (/v1/*, /compress, /decompress)",

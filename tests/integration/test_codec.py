@@ -5,8 +5,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import socket
 import struct
+import subprocess
+import sys
+import threading
+import time
 import zlib
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import psutil
@@ -190,13 +198,13 @@ def test_a_replay_shows_the_text_and_finish_reason_the_engine_gave(service: Serv
     stopping end-of-sequence token left out, a stop sequence cut off, ``finish_reason`` kept."""
     eos = json.loads((REPO / "models" / "pycoder-23m" / "generation_config.json").read_text())["eos_token_id"]
     prompt = "import os\n"
-    cases = {
+    cases: dict[str, dict[str, object]] = {
         "end of sequence": {"max_tokens": 5, "allowed_token_ids": [eos]},
         "stop sequence": {"max_tokens": 24, "temperature": 0, "stop": ["\n", "zzz"]},
         "stop sequence, sampled": {"max_tokens": 32, "temperature": 1.0, "seed": 11, "stop": ["(", ":"]},
         "length": {"max_tokens": 6, "temperature": 0},
     }
-    codec = {"precision_bits": 24, "top_k": 16}
+    codec: dict[str, object] = {"precision_bits": 24, "top_k": 16}
     finishes = set()
     with service.client() as client:
         for name, params in cases.items():
@@ -257,26 +265,126 @@ CROSS_TEXTS = {
 }
 
 
+STALL_BODY_TIMEOUT = 3
+
+
+@pytest.fixture(scope="module")
+def other_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A second service on another instruction set (oneDNN SSE4.1, ATen's AVX2 kernels), another thread
+    count and bfloat16 engines; its body timeout is short, for the stalled uploads."""
+    svc = start_service(tmp_path_factory.mktemp("numerics"),
+                        ["--no-enable-predictions", "--dtype", "bfloat16", "--codec-threads", "1",
+                         "--body-timeout-seconds", str(STALL_BODY_TIMEOUT)],
+                        # AVX2 ATen kernels (this host defaults to AVX-512): under ATEN_CPU_CAPABILITY=default
+                        # torch inductor cannot build vLLM's compiled logprob ranking, so every logprobs
+                        # request (and the start-up export probe) would kill the engine.
+                        env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "avx2"})
+    yield svc
+    stop_service(svc)
+
+
 def test_containers_are_portable_between_services_with_different_numerics(
-        service: Service, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A second service on another instruction set (oneDNN SSE4.1, ATen's default kernels), another
-    thread count and bfloat16 engines writes the same containers and opens the first one's, both ways."""
-    other = start_service(tmp_path_factory.mktemp("numerics"),
-                          ["--no-enable-predictions", "--dtype", "bfloat16", "--codec-threads", "1"],
-                          # AVX2 ATen kernels (this host defaults to AVX-512): under ATEN_CPU_CAPABILITY=default
-                          # torch inductor cannot build vLLM's compiled logprob ranking, so every logprobs
-                          # request (and the start-up export probe) would kill the engine.
-                          env_extra={"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "avx2"})
+        service: Service, other_service: Service) -> None:
+    """The two services write the same containers and open each other's, both ways."""
+    for name, text in CROSS_TEXTS.items():
+        data = text.encode()
+        here = _compress(service, data, lane_tokens=64, lanes=8)
+        there = _compress(other_service, data, lane_tokens=64, lanes=8)
+        assert here == there, f"{name}: the two services wrote different containers"
+        assert _decompress(other_service, here).content == data
+        assert _decompress(service, there).content == data
+
+
+STALL_TEXT = b"".join(b"def f%d(x):\n    return x + %d\n" % (i, i) for i in range(3000))  # ~90 KB
+
+
+def _stalled_upload(svc: Service, path: str, sent: bytes, declared: int, accept: str) -> tuple[bytes, float]:
+    """POST ``sent`` of a ``declared``-byte body over a raw socket, then stall; the raw reply once the
+    server closes the connection, and the seconds that took."""
+    host, port = svc.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=120) as sock:
+        started = time.monotonic()
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {svc.api_key}\r\n"
+                     f"Content-Type: text/plain\r\nAccept: {accept}\r\nContent-Length: {declared}\r\n\r\n"
+                     .encode() + sent)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+        return reply, time.monotonic() - started
+
+
+def _dechunk(body: bytes) -> tuple[bytes, bool]:
+    """A chunked body's bytes, and whether it ended with its terminating chunk."""
+    out = b""
+    while body:
+        size_line, sep, rest = body.partition(b"\r\n")
+        if not sep:
+            break
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return out, True
+        out += rest[:size]
+        body = rest[size + 2:]
+    return out, False
+
+
+def test_a_stalled_upload_before_the_lane_plan_is_known_gets_a_408(other_service: Service) -> None:
+    """Under one segment's worth of text the reply waits for the body: a real 408 ``body_timeout``."""
+    reply, seconds = _stalled_upload(other_service, "/compress", STALL_TEXT[:1000], len(STALL_TEXT), "*/*")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert json.loads(body)["error"]["code"] == "body_timeout"
+    assert seconds < 60
+
+
+def test_a_stalled_upload_after_its_header_went_out_ends_in_a_truncated_container(
+        other_service: Service, tmp_path: Path) -> None:
+    """Past one segment's worth the 200 and the container's header have gone out: the status cannot change,
+    so at the body timeout the connection closes with no trailer — a container every reader refuses as
+    truncated, the CLI naming why (a stream cannot say more once its status is sent)."""
+    sent = STALL_TEXT[:70_000]
+    reply, seconds = _stalled_upload(other_service, "/compress", sent, len(STALL_TEXT), "application/octet-stream")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), head
+    partial, complete = _dechunk(body)
+    assert not complete, "the reply must not end as if the container were whole"
+    assert partial.startswith(b"CSCZ")
+    assert seconds < STALL_BODY_TIMEOUT + len(sent) / 16384 + 60
+    from cascade_client import CascadeClient, CascadeError
+
+    with CascadeClient(other_service.base_url, api_key=other_service.api_key, timeout=120) as client, \
+            pytest.raises(CascadeError) as caught:
+        client.decompress(partial)
+    assert caught.value.code == "truncated_container", caught.value
+    cut = tmp_path / "cut.cz"
+    cut.write_bytes(partial)
+    result = subprocess.run([sys.executable, "-m", "cascade_client", "--server", other_service.base_url,
+                             "decompress", str(cut), "-o", str(tmp_path / "back")],
+                            env={**os.environ, "CASCADE_API_KEY": other_service.api_key}, capture_output=True,
+                            timeout=120)
+    assert result.returncode == 1 and not (tmp_path / "back").exists()
+    assert "truncated" in result.stderr.decode() and "[truncated_container]" in result.stderr.decode(), result.stderr
+
+
+def test_the_client_names_a_stalled_upload_as_a_body_timeout(other_service: Service) -> None:
+    """Over SSE (the client's protocol) the body timeout arrives as an error event the client raises
+    as a 408 ``body_timeout`` — not as a short container."""
+    from cascade_client import CascadeClient, CascadeError
+
+    release = threading.Event()
+
+    def source() -> Iterator[bytes]:
+        yield STALL_TEXT[:70_000]
+        release.wait(60)  # stalls until the test is over
+        yield STALL_TEXT[70_000:]
+
     try:
-        for name, text in CROSS_TEXTS.items():
-            data = text.encode()
-            here = _compress(service, data, lane_tokens=64, lanes=8)
-            there = _compress(other, data, lane_tokens=64, lanes=8)
-            assert here == there, f"{name}: the two services wrote different containers"
-            assert _decompress(other, here).content == data
-            assert _decompress(service, there).content == data
+        with CascadeClient(other_service.base_url, api_key=other_service.api_key, timeout=120) as client, \
+                pytest.raises(CascadeError) as caught:
+            client.compress(source())
     finally:
-        stop_service(other)
+        release.set()
+    assert caught.value.code == "body_timeout" and caught.value.status == 408, caught.value
 
 
 def _forged_container(header_from: bytes, lanes: int, lane_tokens: int, payload: bytes) -> bytes:

@@ -76,3 +76,13 @@ def test_a_bad_decompress_json_field_is_a_400_naming_it(fake_service: FakeServic
         r = client.post("/decompress", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_a_codec_completion_on_a_service_without_the_codec_is_a_400_with_its_code(fake_service: FakeService) -> None:
+    """Every error names its code: the codec 400s of /v1/completions too (they carried ``"code": null``)."""
+    settings = fake_service.gateway.settings
+    with fake_service.client() as client:
+        r = client.post("/v1/completions", json={"model": settings.model_name, "prompt": "x", "max_tokens": 2,
+                                                 "codec": {"mode": "encode"}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "codec_disabled" and r.json()["error"]["param"] == "codec"

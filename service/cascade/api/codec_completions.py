@@ -44,9 +44,10 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     codec_field = body.codec
     assert codec_field is not None
     if not settings.enable_codec:
-        raise APIError(400, "the codec is disabled on this server", param="codec")
+        raise APIError(400, "the codec is disabled on this server", param="codec", code="codec_disabled")
     if body.prediction is not None or body.n != 1 or len(prompts) != 1 or body.logprobs is not None:
-        raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec")
+        raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec",
+                       code="codec_unsupported_request")
     codec = codec_for(request)
     vocab = codec.vocab_size
     if codec_field.top_k >= vocab:
