@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,13 +41,24 @@ async def decode_once(runner: ExactRunner, prompt: list[int], lengths: list[int]
     return back, seconds, runner.stats.decode_steps - steps, per_step
 
 
+MODES = {  # name: ExactRunner keyword arguments (max_draft from --max-draft where not 0)
+    "plain": {"max_draft": 0},
+    "ngram": {"look_ahead": False},
+    "ahead": {"look_ahead": True},
+    "ahead-pad": {"look_ahead": True, "pad_drafts": True},
+}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", default=str(MODEL_DIR))
     parser.add_argument("--sizes", default="1024,4096")
     parser.add_argument("--kinds", default="code,prose")
     parser.add_argument("--lane-tokens", default="1000,512,256,128")
-    parser.add_argument("--max-draft", type=int, default=16)
+    parser.add_argument("--max-draft", default="16", help="comma-separated: each speculative mode at each length")
+    parser.add_argument("--modes", default="plain,ngram,ahead",
+                        help=f"decoders compared, first is the baseline: {', '.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=1, help="decodes per decoder per input (interleaved; medians)")
     parser.add_argument("--top-k", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -57,13 +69,19 @@ async def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = single_threaded(ExactLlama.from_pretrained, args.model_dir, args.max_model_len)
     vocab = model.config.vocab_size
-    plain = ExactRunner(model, vocab, threads=args.threads or None, max_draft=0)
-    guessing = ExactRunner(model, vocab, threads=args.threads or None, max_draft=args.max_draft)
+    runners: dict[str, ExactRunner] = {}
+    for mode in args.modes.split(","):
+        for draft in ([0] if mode == "plain" else [int(x) for x in args.max_draft.split(",")]):
+            name = mode if mode == "plain" else f"{mode}/{draft}"
+            runners[name] = ExactRunner(model, vocab, threads=args.threads or None,
+                                        **{"max_draft": draft, **MODES[mode]})  # type: ignore[arg-type]
+    base = next(iter(runners))
     prompt = [int(tokenizer.eos_token_id or 0)]
-    print(f"model {Path(args.model_dir).name}, top-k {args.top_k}, max draft {args.max_draft}, in process")
-    print("| text | bytes | tokens | lane tokens | lanes | bits/byte | plain s | plain steps | spec s | spec steps "
-          "| speed-up | tokens/step/lane |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"model {Path(args.model_dir).name}, top-k {args.top_k}, in process, {args.rounds} interleaved round(s), "
+          f"baseline {base}")
+    print("| text | bytes | tokens | lane tokens | lanes | bits/byte | decoder | seconds | steps | × baseline s "
+          "| tokens/step/lane |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for kind in args.kinds.split(","):
             source = held_out_code if kind == "code" else held_out_prose
@@ -72,23 +90,30 @@ async def main() -> None:
                 ids = list(tokenizer.encode(data.decode("utf-8", "ignore"), add_special_tokens=False))
                 for lane_tokens in (int(x) for x in args.lane_tokens.split(",")):
                     lanes = split_lanes(ids, lane_tokens)
-                    coded = await plain.encode(prompt, lanes, args.top_k, 32)
+                    coded = await runners[base].encode(prompt, lanes, args.top_k, 32)
                     lengths = lane_lengths(len(ids), lane_tokens)
+                    head = (f"| {kind} | {len(data)} | {len(ids)} | {lane_tokens} | {len(lanes)} "
+                            f"| {8 * len(coded.payload) / len(data):.3f} |")
                     if args.bits_only:
-                        print(f"| {kind} | {len(data)} | {len(ids)} | {lane_tokens} | {len(lanes)} "
-                              f"| {8 * len(coded.payload) / len(data):.3f} | | | | | | |", flush=True)
+                        print(f"{head} | | | | |", flush=True)
                         continue
-                    back, plain_s, plain_steps, _ = await decode_once(plain, prompt, lengths, coded.payload, args.top_k)
-                    assert back == lanes, "plain round trip differs"
-                    back, spec_s, spec_steps, per_step = await decode_once(guessing, prompt, lengths, coded.payload,
-                                                                           args.top_k)
-                    assert back == lanes, "speculative round trip differs"
-                    print(f"| {kind} | {len(data)} | {len(ids)} | {lane_tokens} | {len(lanes)} "
-                          f"| {8 * len(coded.payload) / len(data):.3f} | {plain_s:.2f} | {plain_steps} | {spec_s:.2f} "
-                          f"| {spec_steps} | {plain_s / spec_s:.2f}× | {per_step:.2f} |", flush=True)
+                    seconds: dict[str, list[float]] = {name: [] for name in runners}
+                    counts: dict[str, tuple[int, float]] = {}
+                    for _ in range(max(1, args.rounds)):
+                        for name, runner in runners.items():
+                            back, s, steps, per_step = await decode_once(runner, prompt, lengths, coded.payload,
+                                                                         args.top_k)
+                            assert back == lanes, f"{name}: round trip differs"
+                            seconds[name].append(s)
+                            counts[name] = (steps, per_step)
+                    base_s = statistics.median(seconds[base])
+                    for name in runners:
+                        s = statistics.median(seconds[name])
+                        steps, per_step = counts[name]
+                        print(f"{head} {name} | {s:.2f} | {steps} | {base_s / s:.2f}× | {per_step:.2f} |", flush=True)
     finally:
-        await asyncio.to_thread(plain.close)
-        await asyncio.to_thread(guessing.close)
+        for runner in runners.values():
+            await asyncio.to_thread(runner.close)
 
 
 if __name__ == "__main__":
