@@ -1,7 +1,8 @@
 """Decompression latency of small inputs: speculative exact decoding and the lane plan, as ratios.
 
     python benchmarks/bench_codec_latency.py [--model-dir DIR] [--sizes 1024,4096] [--kinds code,prose]
-        [--lane-tokens 1000,512,256,128] [--max-draft 16] [--threads N]
+        [--lane-tokens 1000,512,256,128] [--modes plain,ngram] [--max-draft 16] [--rounds 1] [--threads N]
+        [--bits-only | --ceiling]
 
 In process (no HTTP, no tokenizer time): held-out code and prose (``bench_codec``'s), tokenized with
 the model's tokenizer, coded as ONE segment (what a small input is) with lanes of each
@@ -9,7 +10,14 @@ the model's tokenizer, coded as ONE segment (what a small input is) with lanes o
 today's decoder: one token per lane per step) and by one with it, in the same run. Per row: the
 payload's bits per byte (the segment's payload only: framing is the same ~90 bytes for every
 plan), decode seconds and steps without and with drafts, the speed-up, and mean tokens a lane
-advanced per step. Every round trip must be exact (asserted).
+advanced per step. Every round trip must be exact (asserted). ``--modes``/``--max-draft``: the decoders
+compared, each input decoded by each in turn (``--rounds`` times, medians), so their seconds share
+the machine's load.
+
+``--ceiling``: what any drafter that guesses tokens without running the model can reach at best —
+the share of tokens that are the model's own top-1 choice, and the tokens per step of an *oracle*
+that drafts the exact model's greedy chain for free (accepted while the text follows it; the
+first miss still decodes its token, as a verify pass does).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "service"), str(REPO / "benchmarks")]
@@ -43,10 +52,38 @@ async def decode_once(runner: ExactRunner, prompt: list[int], lengths: list[int]
 
 MODES = {  # name: ExactRunner keyword arguments (max_draft from --max-draft where not 0)
     "plain": {"max_draft": 0},
-    "ngram": {"look_ahead": False},
-    "ahead": {"look_ahead": True},
-    "ahead-pad": {"look_ahead": True, "pad_drafts": True},
+    "ngram": {},
 }
+
+
+def ceiling(model: ExactLlama, tokenizer: Any, args: argparse.Namespace) -> None:
+    """Top-1 share and the greedy oracle's tokens per step (drafts of 4 and 16), first lane of each input."""
+    print(f"model {Path(args.model_dir).name}: the exact model's top-1 against the text, first lane")
+    print("| text | bytes | tokens | top-1 share | oracle tokens/step, drafts of 4 | of 16 |")
+    print("|---|---|---|---|---|---|")
+    prompt = [int(tokenizer.eos_token_id or 0)]
+    for kind in args.kinds.split(","):
+        source = held_out_code if kind == "code" else held_out_prose
+        for size in (int(x) for x in args.sizes.split(",")):
+            ids = list(tokenizer.encode(source(size).decode("utf-8", "ignore"), add_special_tokens=False))
+            lane = ids[:int(args.lane_tokens.split(",")[0])]
+            hidden = single_threaded(model.prefill, [prompt + lane[:-1]])
+            right: list[bool] = []
+            for a in range(0, hidden.shape[0], 64):
+                top = single_threaded(model.logits, hidden[a:a + 64]).argmax(dim=1).tolist()
+                right += [t == x for t, x in zip(top, lane[a:a + 64], strict=True)]
+            rates = []
+            for window in (4, 16):
+                steps = at = 0
+                while at < len(right):
+                    run = 0
+                    while run < window and at + run < len(right) and right[at + run]:
+                        run += 1
+                    at += run + 1
+                    steps += 1
+                rates.append(len(right) / steps)
+            share = sum(right) / len(right)
+            print(f"| {kind} | {size} | {len(lane)} | {share:.2f} | {rates[0]:.2f} | {rates[1]:.2f} |", flush=True)
 
 
 async def main() -> None:
@@ -56,19 +93,23 @@ async def main() -> None:
     parser.add_argument("--kinds", default="code,prose")
     parser.add_argument("--lane-tokens", default="1000,512,256,128")
     parser.add_argument("--max-draft", default="16", help="comma-separated: each speculative mode at each length")
-    parser.add_argument("--modes", default="plain,ngram,ahead",
+    parser.add_argument("--modes", default="plain,ngram",
                         help=f"decoders compared, first is the baseline: {', '.join(MODES)}")
     parser.add_argument("--rounds", type=int, default=1, help="decodes per decoder per input (interleaved; medians)")
     parser.add_argument("--top-k", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--bits-only", action="store_true", help="code only: the bits/byte table (no decoding)")
+    parser.add_argument("--ceiling", action="store_true", help="top-1 share and greedy-oracle tokens/step only")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = single_threaded(ExactLlama.from_pretrained, args.model_dir, args.max_model_len)
     vocab = model.config.vocab_size
+    if args.ceiling:
+        ceiling(model, tokenizer, args)
+        return
     runners: dict[str, ExactRunner] = {}
     for mode in args.modes.split(","):
         for draft in ([0] if mode == "plain" else [int(x) for x in args.max_draft.split(",")]):

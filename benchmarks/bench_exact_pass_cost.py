@@ -42,7 +42,7 @@ def main() -> None:
     model = single_threaded(ExactLlama.from_pretrained, args.model_dir, args.context + 64)
     if args.threads:
         torch.set_num_threads(args.threads)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = [(int(s.split("x")[0]), int(s.split("x")[1])) for s in args.shapes.split(",")]
     most_rows = max(r for r, _ in shapes)
     cache: KVCache = model.allocate_cache(most_rows, args.context + 32)
     generator = torch.Generator().manual_seed(0)

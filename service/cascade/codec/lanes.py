@@ -92,14 +92,6 @@ class LaneDecoder:
         self.fallback_total = fallback_total
         self.tokens = 0
 
-    def copy(self) -> LaneDecoder:
-        """An independent decoder at this one's state (``Decoder.copy``): decoding ahead on guesses never
-        moves the real one."""
-        twin = LaneDecoder.__new__(LaneDecoder)
-        twin.decoder = self.decoder.copy()
-        twin.precision_bits, twin.fallback_total, twin.tokens = self.precision_bits, self.fallback_total, self.tokens
-        return twin
-
     def target(self) -> int:
         """Where the next table symbol's interval must contain (``0 ≤ target < 2**precision_bits``)."""
         return self.decoder.decode_target(self.precision_bits)

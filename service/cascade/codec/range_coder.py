@@ -147,14 +147,13 @@ class Decoder:
     (``MAX_OVERRUN`` by default, None for no bound) the next read raises ``PayloadOverrunError``.
     """
 
-    __slots__ = ("_buf", "_chunks", "_code", "_max_overrun", "_pos", "_range", "_streamed", "padded_bytes")
+    __slots__ = ("_buf", "_chunks", "_code", "_max_overrun", "_pos", "_range", "padded_bytes")
 
     def __init__(self, source: bytes | bytearray | memoryview | Iterable[bytes],
                  max_overrun: int | None = MAX_OVERRUN) -> None:
         self._max_overrun = max_overrun
         self._chunks: Iterator[bytes]
-        self._streamed = not isinstance(source, bytes | bytearray | memoryview)
-        if not self._streamed:
+        if isinstance(source, bytes | bytearray | memoryview):
             self._buf, self._chunks = bytes(source), iter(())
         else:
             self._buf, self._chunks = b"", iter(source)
@@ -164,18 +163,6 @@ class Decoder:
         self._code = 0
         for _ in range(STATE_BITS // 8):
             self._code = (self._code << 8) | self._next_byte()
-
-    def copy(self) -> Decoder:
-        """An independent decoder at this one's state (what decoding ahead on guessed distributions runs on:
-        nothing done to the copy reaches this one). Only for a decoder over a whole in-memory stream: one
-        pulling chunks would share its source with the copy."""
-        if self._streamed:
-            raise ValueError("a decoder that pulls chunks cannot be copied")
-        twin = Decoder.__new__(Decoder)
-        twin._buf, twin._chunks, twin._streamed = self._buf, iter(()), False
-        twin._pos, twin._code, twin._range = self._pos, self._code, self._range
-        twin._max_overrun, twin.padded_bytes = self._max_overrun, self.padded_bytes
-        return twin
 
     def decode_target(self, precision_bits: int) -> int:
         """The cumulative frequency (out of ``2**precision_bits``) inside the next symbol's interval."""

@@ -33,24 +33,15 @@ def ngram_source() -> DraftSource:
 
 
 class SegmentDrafts:
-    """One decode segment's draft source (its context and every lane's decoded tokens), each lane's
-    guesses from decoding ahead (``guesses``: set by the runner after each pass, see ``runner``'s
-    ``_look_ahead``) and each lane's draft length.
+    """One decode segment's draft source (its context and every lane's decoded tokens) and each lane's
+    draft length, which adapts to the lane's acceptance: doubled (up to ``max_draft``) when a whole
+    draft was accepted, halved (down to 1) when the draft missed."""
 
-    A lane's draft is its guesses, then the n-gram source's continuation of them, up to its length.
-    Without guesses the length adapts to the lane's acceptance: doubled (up to ``max_draft``) when a
-    whole draft was accepted, halved (down to 1) when the draft missed; with decoding ahead
-    (``look_ahead``) a miss is what feeds the next guesses, so the length stays ``max_draft``."""
-
-    def __init__(self, source: DraftSource, prompt: Sequence[int], lanes: int, max_draft: int,
-                 look_ahead: bool = False, pad: bool = False) -> None:
+    def __init__(self, source: DraftSource, prompt: Sequence[int], lanes: int, max_draft: int) -> None:
         self.source = source
         self.prompt = list(prompt)
         self.max_draft = max_draft
-        self.look_ahead = look_ahead
-        self.pad = pad
-        self.lengths = [max_draft if look_ahead else min(INITIAL_DRAFT, max_draft)] * lanes
-        self.guesses: list[list[int]] = [[] for _ in range(lanes)]
+        self.lengths = [min(INITIAL_DRAFT, max_draft)] * lanes
         source.add(PROMPT_KEY, self.prompt[1:])  # the separator is no text
 
     def propose(self, lane: int, decoded: Sequence[int], room: int) -> list[int]:
@@ -58,23 +49,15 @@ class SegmentDrafts:
         k = min(self.lengths[lane], room)
         if k <= 0:
             return []
-        draft = self.guesses[lane][:k]
-        if len(draft) < k:
-            tail = (list(decoded) + draft)[-CONTEXT_TOKENS:]
-            if len(tail) < CONTEXT_TOKENS:
-                tail = self.prompt[len(self.prompt) - (CONTEXT_TOKENS - len(tail)):] + tail
-            draft += [int(t) for t in self.source.propose(tail, k - len(draft))[:k - len(draft)]]
-            if self.pad and len(draft) < k:
-                draft += [tail[-1] if not draft else draft[-1]] * (k - len(draft))
-        return draft
+        tail = list(decoded[-CONTEXT_TOKENS:])
+        if len(tail) < CONTEXT_TOKENS:
+            tail = self.prompt[len(self.prompt) - (CONTEXT_TOKENS - len(tail)):] + tail
+        return [int(t) for t in self.source.propose(tail, k)[:k]]
 
-    def record(self, lane: int, drafted: int, accepted: int, tokens: Sequence[int],
-               guesses: Sequence[int] = ()) -> None:
-        """``tokens`` were decoded in ``lane`` this step, ``accepted`` of its ``drafted`` draft tokens among
-        them; ``guesses``: what decoding ahead expects after them."""
+    def record(self, lane: int, drafted: int, accepted: int, tokens: Sequence[int]) -> None:
+        """``tokens`` were decoded in ``lane`` this step, ``accepted`` of its ``drafted`` draft tokens among them."""
         self.source.add(lane, tokens)
-        self.guesses[lane] = list(guesses)
-        if drafted and not self.look_ahead:
+        if drafted:
             if accepted == drafted:
                 self.lengths[lane] = min(self.max_draft, 2 * self.lengths[lane])
             else:

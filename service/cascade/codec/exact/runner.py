@@ -248,21 +248,6 @@ class _Distributions:
         return logits[j:j + 1]
 
 
-def _decode_symbol(coder: LaneDecoder, tables: _Distributions, q: int, end: int, top_k: int, weighted: bool) -> int:
-    """The token the stream codes next under query row ``q``'s distribution (tables of rows ``q…end − 1``
-    built when ``q``'s is missing); the coder moves past it."""
-    if q not in tables.where:
-        tables.build(list(range(q, end)))
-    ids_of, cdf, at_ids, base = tables.where[q]
-    symbol = min(max(bisect.bisect_right(cdf, coder.target(), base, base + top_k + 2) - 1 - base, 0), top_k)
-    low = cdf[base + symbol]
-    coder.consume(low, cdf[base + symbol + 1] - low)
-    if symbol < top_k:
-        return int(ids_of[at_ids + symbol])
-    row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
-    return escaped_token(coder, tables.logits_row(q), row_ids, weighted)
-
-
 class ExactRunner:
     """Thread-safe front: ``encode``/``decode`` are awaitable from any event loop.
 
@@ -277,10 +262,8 @@ class ExactRunner:
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
                  draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 64,
-                 pass_positions: int = 32, look_ahead: bool = True, pad_drafts: bool = False) -> None:
+                 pass_positions: int = 32) -> None:
         self.model = model
-        self.look_ahead = look_ahead
-        self.pad_drafts = pad_drafts
         self.max_draft = max(0, max_draft)
         self.pass_positions = pass_positions
         self.interleave_tokens = max(1, interleave_tokens)
@@ -560,8 +543,7 @@ class ExactRunner:
             job.decoded = [[] for _ in job.lengths]
             job.lanes_left = job.rows
             if self.max_draft:
-                job.drafts = SegmentDrafts(self.draft_source(), job.prompt, len(job.lengths), self.max_draft,
-                                           self.look_ahead, self.pad_drafts)
+                job.drafts = SegmentDrafts(self.draft_source(), job.prompt, len(job.lengths), self.max_draft)
             lanes = [lane for lane, n in enumerate(job.lengths) if n]
             joining.append((job, job.prompt, lanes, job.need))
             self.stats.events.append(("decode-start", job.request.key, job.queued_step, self.stats.steps))
@@ -662,9 +644,20 @@ class ExactRunner:
             draft = drafts[r]
             if used > len(draft) or (used and decoded[r][-1] != draft[used - 1]):
                 break  # this lane's next distribution was not computed: the stream waits for the next pass
+            q = starts[r] + used
+            if q not in tables.where:
+                tables.build(list(range(q, starts[r] + 1 + len(draft))))
+            ids_of, cdf, at_ids, base = tables.where[q]
             try:
-                token = _decode_symbol(coder, tables, starts[r] + used, starts[r] + 1 + len(draft), top_k,
-                                       job.weighted_escapes)
+                symbol = min(max(bisect.bisect_right(cdf, coder.target(), base, base + top_k + 2) - 1 - base, 0),
+                             top_k)
+                low = cdf[base + symbol]
+                coder.consume(low, cdf[base + symbol + 1] - low)
+                if symbol < top_k:
+                    token = ids_of[at_ids + symbol]
+                else:
+                    row_ids = np.asarray(ids_of[at_ids:at_ids + top_k], dtype=np.int64)
+                    token = escaped_token(coder, tables.logits_row(q), row_ids, job.weighted_escapes)
             except Exception as exc:  # this segment's stream is bad (e.g. read past its end): it alone fails
                 self._finish(job, error=exc)
                 return
@@ -686,45 +679,8 @@ class ExactRunner:
                 at %= len(running)
         job.next_lane = lanes[running[at]]
         if job.drafts is not None:
-            guesses = self._look_ahead(job, running, at, tables, starts, drafts, decoded) if self.look_ahead else {}
             for r in rows:
-                job.drafts.record(lanes[r], len(drafts[r]), max(0, len(decoded[r]) - 1), decoded[r],
-                                  guesses.get(r, ()))
-
-    def _look_ahead(self, job: _DecodeJob, running: list[int], at: int, tables: _Distributions, starts: list[int],
-                    drafts: list[list[int]], decoded: list[list[int]]) -> dict[int, list[int]]:
-        """Each running row's guesses of its next tokens: a COPY of the segment's decoder walks on through
-        the pass's distributions the stream did not reach, in stream order, as far as every lane has one.
-        After a rejected draft token those distributions were conditioned on it, not on the decoded
-        token, so what the copy decodes is only a guess — often right, since the code value pins the
-        token and a token with a wide interval survives a small change of its distribution. The copy
-        never touches ``job.coder``; the next pass verifies the guesses like any draft."""
-        lanes = self._cohort.lanes
-        assert job.coder is not None
-        try:
-            coder = job.coder.copy()
-        except ValueError:
-            return {}
-        order = list(running)
-        guesses: dict[int, list[int]] = {r: [] for r in order}
-        left = {r: job.lengths[lanes[r]] - len(job.decoded[lanes[r]]) - 1 for r in order}  # the last is never fed
-        while order:
-            r = order[at]
-            q = starts[r] + len(decoded[r]) + len(guesses[r])
-            end = starts[r] + 1 + len(drafts[r])
-            if q >= end or len(guesses[r]) >= left[r]:
-                break
-            try:
-                guesses[r].append(_decode_symbol(coder, tables, q, end, job.top_k, job.weighted_escapes))
-            except Exception:  # a guess ran off the stream: guesses stop there
-                break
-            if len(guesses[r]) < left[r]:
-                at += 1
-            else:
-                order.pop(at)
-            if order:
-                at %= len(order)
-        return guesses
+                job.drafts.record(lanes[r], len(drafts[r]), max(0, len(decoded[r]) - 1), decoded[r])
 
     def _fallback_total(self, job: _Job) -> int:
         return 1 << ESCAPE_BITS if job.weighted_escapes else self.vocab_size - job.top_k
