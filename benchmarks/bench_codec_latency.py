@@ -10,7 +10,10 @@ the model's tokenizer, coded as ONE segment (what a small input is) with lanes o
 today's decoder: one token per lane per step) and by one with it, in the same run. Per row: the
 payload's bits per byte (the segment's payload only: framing is the same ~90 bytes for every
 plan), decode seconds and steps without and with drafts, the speed-up, and mean tokens a lane
-advanced per step. Every round trip must be exact (asserted). ``--modes``/``--max-draft``: the decoders
+advanced per step, drafted tokens per step, and "× by pass cost": tokens per step ÷ (1 +
+``--position-cost`` × drafted tokens per step), the speed-up the counts give at the pass cost
+``bench_exact_pass_cost.py`` measured (load-free, unlike the seconds). Every round trip must be exact
+(asserted). ``--modes``/``--max-draft``: the decoders
 compared, each input decoded by each in turn (``--rounds`` times, medians), so their seconds share
 the machine's load.
 
@@ -37,22 +40,26 @@ from bench_codec import MODEL_DIR, held_out_code, held_out_prose  # noqa: E402
 from cascade.codec.exact.model import ExactLlama  # noqa: E402
 from cascade.codec.exact.runner import ExactRunner, single_threaded  # noqa: E402
 from cascade.codec.lanes import lane_lengths, split_lanes  # noqa: E402
+from cascade.predict.token_source import TokenNgramSource  # noqa: E402
 
 
 async def decode_once(runner: ExactRunner, prompt: list[int], lengths: list[int], payload: bytes, top_k: int
-                      ) -> tuple[list[list[int]], float, int, float]:
+                      ) -> tuple[list[list[int]], float, int, float, float]:
     steps = runner.stats.decode_steps
-    decoded, rows = runner.stats.decoded_tokens, runner.stats.row_steps
+    decoded, rows, drafted = runner.stats.decoded_tokens, runner.stats.row_steps, runner.stats.drafted_tokens
     start = time.perf_counter()
     back = await runner.decode(prompt, lengths, payload, top_k, 32)
     seconds = time.perf_counter() - start
-    per_step = (runner.stats.decoded_tokens - decoded) / max(1, runner.stats.row_steps - rows)
-    return back, seconds, runner.stats.decode_steps - steps, per_step
+    row_steps = max(1, runner.stats.row_steps - rows)
+    per_step = (runner.stats.decoded_tokens - decoded) / row_steps
+    drafted_per_step = (runner.stats.drafted_tokens - drafted) / row_steps
+    return back, seconds, runner.stats.decode_steps - steps, per_step, drafted_per_step
 
 
-MODES = {  # name: ExactRunner keyword arguments (max_draft from --max-draft where not 0)
+MODES: dict[str, dict[str, Any]] = {  # name: ExactRunner keyword arguments (max_draft from --max-draft where not 0)
     "plain": {"max_draft": 0},
     "ngram": {},
+    "ngram1": {"draft_source": lambda: TokenNgramSource(min_n=1, max_n=16)},
 }
 
 
@@ -100,6 +107,8 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--bits-only", action="store_true", help="code only: the bits/byte table (no decoding)")
+    parser.add_argument("--position-cost", type=float, default=0.055,
+                        help="cost of one drafted position in steps (bench_exact_pass_cost.py: SmolLM2 ~0.055)")
     parser.add_argument("--ceiling", action="store_true", help="top-1 share and greedy-oracle tokens/step only")
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -115,14 +124,14 @@ async def main() -> None:
         for draft in ([0] if mode == "plain" else [int(x) for x in args.max_draft.split(",")]):
             name = mode if mode == "plain" else f"{mode}/{draft}"
             runners[name] = ExactRunner(model, vocab, threads=args.threads or None,
-                                        **{"max_draft": draft, **MODES[mode]})  # type: ignore[arg-type]
+                                        **{"max_draft": draft, **MODES[mode]})
     base = next(iter(runners))
     prompt = [int(tokenizer.eos_token_id or 0)]
     print(f"model {Path(args.model_dir).name}, top-k {args.top_k}, in process, {args.rounds} interleaved round(s), "
           f"baseline {base}")
     print("| text | bytes | tokens | lane tokens | lanes | bits/byte | decoder | seconds | steps | × baseline s "
-          "| tokens/step/lane |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| tokens/step/lane | drafted/step/lane | × by pass cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for kind in args.kinds.split(","):
             source = held_out_code if kind == "code" else held_out_prose
@@ -136,22 +145,24 @@ async def main() -> None:
                     head = (f"| {kind} | {len(data)} | {len(ids)} | {lane_tokens} | {len(lanes)} "
                             f"| {8 * len(coded.payload) / len(data):.3f} |")
                     if args.bits_only:
-                        print(f"{head} | | | | |", flush=True)
+                        print(f"{head} | | | | | | | |", flush=True)
                         continue
                     seconds: dict[str, list[float]] = {name: [] for name in runners}
-                    counts: dict[str, tuple[int, float]] = {}
+                    counts: dict[str, tuple[int, float, float]] = {}
                     for _ in range(max(1, args.rounds)):
                         for name, runner in runners.items():
-                            back, s, steps, per_step = await decode_once(runner, prompt, lengths, coded.payload,
-                                                                         args.top_k)
+                            back, s, steps, per_step, drafted = await decode_once(
+                                runner, prompt, lengths, coded.payload, args.top_k)
                             assert back == lanes, f"{name}: round trip differs"
                             seconds[name].append(s)
-                            counts[name] = (steps, per_step)
+                            counts[name] = (steps, per_step, drafted)
                     base_s = statistics.median(seconds[base])
                     for name in runners:
                         s = statistics.median(seconds[name])
-                        steps, per_step = counts[name]
-                        print(f"{head} {name} | {s:.2f} | {steps} | {base_s / s:.2f}× | {per_step:.2f} |", flush=True)
+                        steps, per_step, drafted = counts[name]
+                        cost = 1 + args.position_cost * drafted
+                        print(f"{head} {name} | {s:.2f} | {steps} | {base_s / s:.2f}× | {per_step:.2f} | {drafted:.2f} "
+                              f"| {per_step / cost:.2f}× |", flush=True)
     finally:
         for runner in runners.values():
             await asyncio.to_thread(runner.close)
