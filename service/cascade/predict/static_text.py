@@ -251,6 +251,13 @@ class PredictionState:
             assert copy_from is not None
             copy, position = copy_from
             draft = self.copies[copy].tokens(0)[position:position + n]
+            if 0 <= self.cursor < len(self.text):
+                # a copy that continues the prediction's own text lends it no length: where the
+                # prediction's draft is longer and agrees with the copy's, the prediction drafts
+                own = self.spellings[self.spelling].tokens_at(
+                    self.cursor, min(limit, self.lengths.length(self.evidence)))
+                if len(own) > len(draft) and own[:len(draft)] == draft:
+                    source, draft = "prediction", own
         self.last_proposal, self.last_source = draft, source
         self.drafted_by_source[source] += len(draft)
         return draft
