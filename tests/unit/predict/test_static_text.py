@@ -308,7 +308,7 @@ def test_a_prompt_copy_that_agrees_with_the_prediction_lets_the_prediction_draft
     state, ids = _state_where_the_prompt_copy_wins_on_evidence(20)
     draft = state.propose(64)
     assert state.last_source == "prediction"
-    assert len(draft) == ConfidenceLength(64).length(state.evidence) and draft == ids[20:20 + len(draft)]
+    assert len(draft) >= ConfidenceLength(64).length(state.evidence) and draft == ids[20:20 + len(draft)]
     assert state.drafted_by_source == {"prediction": len(draft), "prompt": 0, "output": 0, "successors": 0}
 
 
@@ -334,3 +334,29 @@ def test_whichever_source_drafts_the_draft_continues_the_followed_text(at: int, 
     assert 0 < len(draft) <= limit
     assert draft == ids[at:at + len(draft)]
     assert state.proposed == len(draft) and state.last_source in ("prediction", "prompt")
+
+
+def test_a_prompt_ngram_that_continues_like_the_prediction_lengthens_its_draft() -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    alone = PredictionState(ids, tok, k=64)
+    backed = PredictionState(ids, tok, prompt_ids=ids, k=64)
+    evidence = len(text_of(tok, ids[4:20]))  # as much as the prompt's 16-token n-gram: the prediction drafts
+    for state in (alone, backed):
+        state.observe(ids[:20])
+        state.evidence = evidence
+    plain = alone.propose(64)
+    assert len(plain) == ConfidenceLength(64).length(evidence) < 64
+    longer = backed.propose(64)
+    assert backed.last_source == "prediction" and len(longer) > len(plain)
+    assert longer == ids[20:20 + len(longer)]
+
+
+def test_a_prompt_ngram_that_continues_otherwise_lends_no_length() -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    other = ids[:20] + tok.encode_text(" zebra quartz\n")  # the prompt went on otherwise from there
+    state = PredictionState(ids, tok, prompt_ids=other, k=64, min_prompt_evidence=10**6)
+    state.observe(ids[:20])
+    state.evidence = 12
+    assert len(state.propose(64)) == ConfidenceLength(64).length(12)
