@@ -63,7 +63,7 @@ class PredictionState:
                  near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
                  min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
-                 copy_trust: float = 0.5, agreement_bonus: float = 0.25) -> None:
+                 copy_trust: float = 0.5, agreement_bonus: float = 0.75) -> None:
         self.vocab = vocab
         self.mode = mode
         self.lengths = lengths or ConfidenceLength(k)
@@ -206,8 +206,10 @@ class PredictionState:
         if not self.anchored and self._after_fence() and (best is None or best[0] < strong):
             # nothing of the prediction written yet, and the output just opened a code fence: the
             # answer's code starts with the prediction's start (only there: a useless prediction must
-            # not draft at every line start)
-            self.spelling, self.cursor, self.evidence = 0, 0, self.min_evidence
+            # not draft at every line start), most likely spelled as chat models write code, with one
+            # blank line where the file has two (the collapsed spelling; an answer that keeps the
+            # file's blank lines leaves it at its first run and re-anchors in the exact one)
+            self.spelling, self.cursor, self.evidence = len(self.spellings) - 1, 0, self.min_evidence
         elif best is not None:
             score, _, self.spelling, self.cursor, is_near = best
             length = score if is_near else score + self.far_margin

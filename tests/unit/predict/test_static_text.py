@@ -360,3 +360,24 @@ def test_a_prompt_ngram_that_continues_otherwise_lends_no_length() -> None:
     state.observe(ids[:20])
     state.evidence = 12
     assert len(state.propose(64)) == ConfidenceLength(64).length(12)
+
+
+FILE_WITH_RUNS = "import os\n\n\ndef load(path):\n    return os.path.exists(path)\n\n\ndef save(path):\n    pass\n"
+
+
+def test_a_fenced_answer_is_first_drafted_with_one_blank_line_where_the_file_has_two() -> None:
+    tok = ToyTokenizer()
+    answer = "```python\n" + collapse_blank_lines(FILE_WITH_RUNS.encode()).decode() + "```"
+    result = simulate(tok.encode_text(answer), tok.encode_text(FILE_WITH_RUNS), tok, k=64)
+    assert result.state is not None and result.state.spelling == 1
+    assert result.prediction_rejected == 0
+    assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 6
+
+
+def test_a_fenced_answer_that_keeps_the_files_blank_lines_returns_to_the_exact_spelling() -> None:
+    tok = ToyTokenizer()
+    answer = "```python\n" + FILE_WITH_RUNS + "```"
+    result = simulate(tok.encode_text(answer), tok.encode_text(FILE_WITH_RUNS), tok, k=64)
+    assert result.state is not None and result.state.spelling == 0
+    assert result.tokens == tok.encode_text(answer)
+    assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 12
