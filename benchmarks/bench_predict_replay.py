@@ -2,10 +2,13 @@
 
     python benchmarks/bench_predict_replay.py                  # 120 edits, both shapes, all proposers
     python benchmarks/bench_predict_replay.py --edits 40 --proposers cascade,ngram64
+    python benchmarks/bench_predict_replay.py --rev cffb27b     # the edits as of that commit
 
 Each edit is one ``.py`` file before and after a commit of this repository, read with ``git`` at run
-time (nothing is copied into the repository). The before-file is the prediction and sits in the
-prompt (as a user asking for an edit would send it); the after-file is what the model writes:
+time (nothing is copied into the repository); ``--rev`` fixes the newest commit, so a figure can be
+reproduced after the history has grown (the newest edits and the halves change with every commit).
+The before-file is the prediction and sits in the prompt (as a user asking for an edit would send
+it); the after-file is what the model writes:
 "exact" = the after-file itself, "chat" = the answer a small instruct model gives (a ```python
 fence around it, runs of blank lines collapsed to one). Tokens come from the default model's
 tokenizer (``models/pycoder-23m``) through the proposer's own ``tokenizer_vocabulary``.
@@ -71,10 +74,11 @@ def git(*args: str) -> str:
                           text=True, errors="replace").stdout
 
 
-def history_edits(count: int, min_bytes: int, max_bytes: int, min_similarity: float) -> list[Edit]:
-    """Single-file ``.py`` edits, newest commit first, at most two files per commit."""
+def history_edits(count: int, min_bytes: int, max_bytes: int, min_similarity: float,
+                  rev: str = "HEAD") -> list[Edit]:
+    """Single-file ``.py`` edits, newest commit first (from ``rev`` back), at most two files per commit."""
     edits: list[Edit] = []
-    for commit in git("log", "--format=%H", "--no-merges", "HEAD").split():
+    for commit in git("log", "--format=%H", "--no-merges", rev).split():
         changed = git("diff-tree", "--no-commit-id", "-r", "--diff-filter=M", "--name-only", commit).split()
         taken = 0
         for path in sorted(p for p in changed if p.endswith(".py")):
@@ -237,6 +241,7 @@ def replay(target: Sequence[int], prompt: Sequence[int], propose: Proposer, k: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edits", type=int, default=120)
+    parser.add_argument("--rev", default="HEAD", help="newest commit to take edits from")
     parser.add_argument("--k", type=int, default=64, help="Cascade's K (num_speculative_tokens)")
     parser.add_argument("--proposers", default="cascade,ngram8,ngram64,suffix24,suffix128,diff")
     parser.add_argument("--min-bytes", type=int, default=400)
@@ -258,7 +263,7 @@ def main() -> None:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     started = time.perf_counter()
-    edits = history_edits(args.edits, args.min_bytes, args.max_bytes, args.min_similarity)
+    edits = history_edits(args.edits, args.min_bytes, args.max_bytes, args.min_similarity, args.rev)
     names = args.proposers.split(",")
     peers = [n for n in names if n.startswith(("ngram", "suffix"))]
     tallies: dict[tuple[str, str, bool | None], Tally] = {}
@@ -292,7 +297,8 @@ def main() -> None:
                     tallies.setdefault(key, Tally()).add(len(target), steps, drafted, accepted)
 
     held = sum(e.held_out for e in edits)
-    print(f"{len(edits)} edits from {len({e.commit for e in edits})} commits of this repository "
+    print(f"{len(edits)} edits from {len({e.commit for e in edits})} commits of this repository up to "
+          f"{git('rev-parse', '--short', args.rev).strip()} "
           f"({len(edits) - held} tuned on, {held} held out); K = {args.k} for cascade; "
           f"{time.perf_counter() - started:.0f} s")
     print("tokens per target forward step (× = against the best ngram/suffix peer of that column), "

@@ -19,7 +19,10 @@ next drafts. Sources, best first:
    the prediction: a prediction the output never follows drafts nothing at all.
 
 The source with more evidence drafts (ties: the prediction), and ``DraftLength`` turns its evidence
-(the matched bytes plus every byte it held since) into a draft length. ``mode="prefix"`` is OpenAI's
+(the matched bytes plus every byte it held since) into a draft length. Sources that agree lend each
+other confidence: a copy whose draft only re-spells the prediction's longer one hands the step to the
+prediction, and the prediction's draft grows by a share of the bytes of every n-gram of the prompt or
+the output that continues the same way (``agreement_bonus``). ``mode="prefix"`` is OpenAI's
 behaviour: follow the prediction from its start and stop at the first miss, no other source.
 
 Counts: ``proposed``/``accepted`` cover every draft (what the engine verifies and reports);
@@ -43,6 +46,7 @@ Source = Literal["prediction", "prompt", "output", "successors"]
 SOURCES: tuple[Source, ...] = ("prediction", "prompt", "output", "successors")
 TAIL_BYTES = 256
 NEWLINE = b"\n"
+AGREEING_TOKENS = 2  # a copy agrees with the prediction when its next tokens are the prediction's draft's first
 
 
 def normalise_newlines(text: str) -> str:
@@ -59,7 +63,7 @@ class PredictionState:
                  near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
                  min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
-                 copy_trust: float = 0.5) -> None:
+                 copy_trust: float = 0.5, agreement_bonus: float = 0.75) -> None:
         self.vocab = vocab
         self.mode = mode
         self.lengths = lengths or ConfidenceLength(k)
@@ -89,6 +93,7 @@ class PredictionState:
         self.min_successor_probability = min_successor_probability
         self.successor_below = successor_below
         self.successor_tokens = successor_tokens
+        self.agreement_bonus = agreement_bonus
         self.copy_trust = copy_trust  # a copy's evidence counts this much towards its draft length
         if mode == "smart" and prompt_ids:
             self.copies["prompt"].add(0, prompt_ids)
@@ -201,8 +206,10 @@ class PredictionState:
         if not self.anchored and self._after_fence() and (best is None or best[0] < strong):
             # nothing of the prediction written yet, and the output just opened a code fence: the
             # answer's code starts with the prediction's start (only there: a useless prediction must
-            # not draft at every line start)
-            self.spelling, self.cursor, self.evidence = 0, 0, self.min_evidence
+            # not draft at every line start), most likely spelled as chat models write code, with one
+            # blank line where the file has two (the collapsed spelling; an answer that keeps the
+            # file's blank lines leaves it at its first run and re-anchors in the exact one)
+            self.spelling, self.cursor, self.evidence = len(self.spellings) - 1, 0, self.min_evidence
         elif best is not None:
             score, _, self.spelling, self.cursor, is_near = best
             length = score if is_near else score + self.far_margin
@@ -225,6 +232,7 @@ class PredictionState:
         if 0 <= self.cursor < len(self.text):
             source, evidence = "prediction", self.evidence
         copy_from: tuple[Source, int] | None = None
+        continuations: list[tuple[list[int], int]] = []  # each copy's next tokens, with its n-gram's bytes
         # the prompt and the output draft only once the output has followed the prediction: a
         # prediction the output never follows drafts nothing at all (no cost, seeded samples unchanged)
         copying = self.mode == "smart" and self.anchored
@@ -232,7 +240,9 @@ class PredictionState:
             found = index.match(self._context)
             if found is None:
                 continue
-            matched = len(text_of(self.vocab, self._context[-found.length:])) + self.copy_held
+            ngram_bytes = len(text_of(self.vocab, self._context[-found.length:]))
+            continuations.append((index.tokens(0)[found.position:found.position + AGREEING_TOKENS], ngram_bytes))
+            matched = ngram_bytes + self.copy_held
             if matched > evidence and matched >= self.min_copy_evidence[copy]:
                 source, evidence, copy_from = copy, matched, (copy, found.position)
         if copying and evidence < self.successor_below:
@@ -251,9 +261,31 @@ class PredictionState:
             assert copy_from is not None
             copy, position = copy_from
             draft = self.copies[copy].tokens(0)[position:position + n]
+            if 0 <= self.cursor < len(self.text):
+                # a copy that continues the prediction's own text lends it no length: where the
+                # prediction's draft is longer and agrees with the copy's, the prediction drafts
+                own = self.spellings[self.spelling].tokens_at(
+                    self.cursor, min(limit, self.lengths.length(self.evidence)))
+                if len(own) > len(draft) and own[:len(draft)] == draft:
+                    source, draft = "prediction", own
+        if source == "prediction" and len(draft) >= AGREEING_TOKENS:
+            draft = self._lengthen_on_agreement(draft, continuations, limit)
         self.last_proposal, self.last_source = draft, source
         self.drafted_by_source[source] += len(draft)
         return draft
+
+    def _lengthen_on_agreement(self, draft: list[int], continuations: list[tuple[list[int], int]],
+                               limit: int) -> list[int]:
+        """The prediction's draft, longer where n-grams of the prompt or the output continue the same
+        way: each agreeing n-gram's bytes add ``agreement_bonus`` of themselves to the evidence. Two
+        sources agreeing on the next tokens make a right first token much likelier (replayed edits:
+        0.78 against 0.33 where the prompt's n-gram disagrees, on 8–16 bytes of evidence), and the
+        first tokens are where a fresh anchor's drafts are lost."""
+        bonus = sum(ngram_bytes for tokens, ngram_bytes in continuations if tokens == draft[:AGREEING_TOKENS])
+        longer = min(limit, self.lengths.length(self.evidence + int(self.agreement_bonus * bonus)))
+        if not bonus or longer <= len(draft):
+            return draft
+        return self.spellings[self.spelling].tokens_at(self.cursor, longer)
 
     def snapshot(self) -> dict[str, Any]:
         """State for the debug log."""

@@ -7,6 +7,7 @@ from cascade.predict.draft_length import ConfidenceLength, FixedLength
 from cascade.predict.prediction_text import collapse_blank_lines
 from cascade.predict.simulator import simulate
 from cascade.predict.static_text import PredictionState, normalise_newlines
+from cascade.predict.vocabulary import text_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -288,3 +289,95 @@ def test_draft_length_grows_with_how_long_the_anchor_has_held() -> None:
     after_edit = drafted[drafted.index(0, 2):]
     grows = [d for d in after_edit if d]
     assert grows[0] < 64 and max(grows) == 64
+
+
+def _state_where_the_prompt_copy_wins_on_evidence(cursor_tokens: int) -> tuple[PredictionState, list[int]]:
+    """The prompt holds the prediction (as a user's edit request does); the output followed it for
+    ``cursor_tokens`` (≥ 16) tokens; the prediction's anchor has less evidence than the prompt's 16-token
+    n-gram, but more than its half (a copy's evidence counts half towards its draft length)."""
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    state = PredictionState(ids, tok, prompt_ids=ids, k=64)
+    state.observe(ids[:cursor_tokens])
+    ngram_bytes = len(text_of(tok, ids[cursor_tokens - 16:cursor_tokens]))
+    state.evidence = ngram_bytes * 3 // 4
+    return state, ids
+
+
+def test_a_prompt_copy_that_agrees_with_the_prediction_lets_the_prediction_draft_its_longer_draft() -> None:
+    state, ids = _state_where_the_prompt_copy_wins_on_evidence(20)
+    draft = state.propose(64)
+    assert state.last_source == "prediction"
+    assert len(draft) >= ConfidenceLength(64).length(state.evidence) and draft == ids[20:20 + len(draft)]
+    assert state.drafted_by_source == {"prediction": len(draft), "prompt": 0, "output": 0, "successors": 0}
+
+
+def test_a_prompt_copy_that_disagrees_with_the_prediction_drafts_itself() -> None:
+    state, ids = _state_where_the_prompt_copy_wins_on_evidence(20)
+    state.cursor += len(CODE.encode())  # the prediction is followed one copy of CODE further on
+    state.cursor += 1  # …and one byte off: its draft no longer agrees with the prompt's
+    draft = state.propose(64)
+    assert state.last_source == "prompt"
+    assert draft == ids[20:20 + len(draft)] and 0 < len(draft) < ConfidenceLength(64).length(state.evidence)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 60), st.integers(0, 300), st.integers(0, 400), st.integers(1, 64))
+def test_whichever_source_drafts_the_draft_continues_the_followed_text(at: int, evidence: int, held: int,
+                                                                       limit: int) -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    state = PredictionState(ids, tok, prompt_ids=ids, k=64)
+    state.observe(ids[:at])
+    state.evidence, state.copy_held = evidence, held
+    draft = state.propose(limit)
+    assert 0 < len(draft) <= limit
+    assert draft == ids[at:at + len(draft)]
+    assert state.proposed == len(draft) and state.last_source in ("prediction", "prompt")
+
+
+def test_a_prompt_ngram_that_continues_like_the_prediction_lengthens_its_draft() -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    alone = PredictionState(ids, tok, k=64)
+    backed = PredictionState(ids, tok, prompt_ids=ids, k=64)
+    evidence = len(text_of(tok, ids[4:20]))  # as much as the prompt's 16-token n-gram: the prediction drafts
+    for state in (alone, backed):
+        state.observe(ids[:20])
+        state.evidence = evidence
+    plain = alone.propose(64)
+    assert len(plain) == ConfidenceLength(64).length(evidence) < 64
+    longer = backed.propose(64)
+    assert backed.last_source == "prediction" and len(longer) > len(plain)
+    assert longer == ids[20:20 + len(longer)]
+
+
+def test_a_prompt_ngram_that_continues_otherwise_lends_no_length() -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    other = ids[:20] + tok.encode_text(" zebra quartz\n")  # the prompt went on otherwise from there
+    state = PredictionState(ids, tok, prompt_ids=other, k=64, min_prompt_evidence=10**6)
+    state.observe(ids[:20])
+    state.evidence = 12
+    assert len(state.propose(64)) == ConfidenceLength(64).length(12)
+
+
+FILE_WITH_RUNS = "import os\n\n\ndef load(path):\n    return os.path.exists(path)\n\n\ndef save(path):\n    pass\n"
+
+
+def test_a_fenced_answer_is_first_drafted_with_one_blank_line_where_the_file_has_two() -> None:
+    tok = ToyTokenizer()
+    answer = "```python\n" + collapse_blank_lines(FILE_WITH_RUNS.encode()).decode() + "```"
+    result = simulate(tok.encode_text(answer), tok.encode_text(FILE_WITH_RUNS), tok, k=64)
+    assert result.state is not None and result.state.spelling == 1
+    assert result.prediction_rejected == 0
+    assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 6
+
+
+def test_a_fenced_answer_that_keeps_the_files_blank_lines_returns_to_the_exact_spelling() -> None:
+    tok = ToyTokenizer()
+    answer = "```python\n" + FILE_WITH_RUNS + "```"
+    result = simulate(tok.encode_text(answer), tok.encode_text(FILE_WITH_RUNS), tok, k=64)
+    assert result.state is not None and result.state.spelling == 0
+    assert result.tokens == tok.encode_text(answer)
+    assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 12
