@@ -71,10 +71,11 @@ def git(*args: str) -> str:
                           text=True, errors="replace").stdout
 
 
-def history_edits(count: int, min_bytes: int, max_bytes: int, min_similarity: float) -> list[Edit]:
-    """Single-file ``.py`` edits, newest commit first, at most two files per commit."""
+def history_edits(count: int, min_bytes: int, max_bytes: int, min_similarity: float,
+                  rev: str = "HEAD") -> list[Edit]:
+    """Single-file ``.py`` edits, newest commit first (from ``rev`` back), at most two files per commit."""
     edits: list[Edit] = []
-    for commit in git("log", "--format=%H", "--no-merges", "HEAD").split():
+    for commit in git("log", "--format=%H", "--no-merges", rev).split():
         changed = git("diff-tree", "--no-commit-id", "-r", "--diff-filter=M", "--name-only", commit).split()
         taken = 0
         for path in sorted(p for p in changed if p.endswith(".py")):
