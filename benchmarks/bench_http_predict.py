@@ -4,7 +4,13 @@ the proposers a user could switch on instead (n-gram prompt lookup, suffix decod
     python benchmarks/bench_http_predict.py                         # 24 chat tasks + 24 from git history
     python benchmarks/bench_http_predict.py --tasks 6 --history 4 --ngram-ks 8,32 --concurrency 1
     python benchmarks/bench_http_predict.py --suffix-python /tmp/arctic-run/bin/python   # + suffix decoding
+    python benchmarks/bench_http_predict.py --full-peers none       # calibration only
+    python benchmarks/bench_http_predict.py --peers ngram:8,suffix:128 --cascade-once --calibrate-tasks 0 \
+        --suffix-python /tmp/arctic-run/bin/python                  # chosen peers, no calibration
     python benchmarks/bench_http_predict.py --check-identical       # prediction = output, default model
+
+``--suffix-python``: vLLM's ``suffix`` method needs Arctic Inference; ``benchmarks/make_suffix_env.sh``
+builds it from source into a throwaway venv that sees this venv's packages (torch and vLLM unchanged).
 
 Everything goes over HTTP with the OpenAI SDK (``/v1/chat/completions``, temperature 0), as a user's
 client would. Servers: ``cascade serve --model smollm2-135m-instruct`` (main engine and prediction
@@ -24,9 +30,11 @@ every arm runs the block's tasks (asyncio, a semaphore of ``concurrency``), in a
 block to block, so load drift on the shared machine hits every arm alike. Aggregate tokens/s = output
 tokens / summed block wall time of the arm; × = against no prediction over the same blocks.
 
-First each candidate peer (``--ngram-ks``, suffix settings) runs on a calibration subset at
-concurrency 1 against no prediction; then the full task set runs for n-gram K = 8, the best n-gram K
-and the best suffix setting, each phase measuring no prediction, Cascade and that peer together.
+First each candidate peer (``--ngram-ks``, ``--suffix-depths``, or ``--peers``) runs on a calibration
+subset at concurrency 1 against no prediction; then the full task set runs for n-gram K = 8 and the
+best peer of each family (``--full-peers``), each phase measuring no prediction, Cascade and that peer
+together (``--cascade-once``: Cascade in the first phase only; later peers are compared with it
+through each one's × against no prediction).
 
 Columns: acc = accepted draft tokens / output tokens (Cascade: usage
 ``completion_tokens_details.accepted_prediction_tokens``; vLLM: its ``/metrics`` counter
@@ -280,16 +288,29 @@ def target_lines(phases: list[Phase]) -> list[str]:
     return lines
 
 
+def ngram_peer(k: int, args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
+    return (f"vLLM ngram K={k}", {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": args.ngram_max,
+                                  "prompt_lookup_min": args.ngram_min}, sys.executable)
+
+
+def suffix_peer(depth: int, args: argparse.Namespace) -> tuple[str, dict[str, Any], str]:
+    """Depth 24 with K = 24 is vLLM's default suffix decoding."""
+    if not args.suffix_python:
+        raise SystemExit("suffix decoding needs --suffix-python (an environment with arctic-inference)")
+    return (f"vLLM suffix depth {depth} K={min(depth, 64)}", {
+        "method": "suffix", "suffix_decoding_max_tree_depth": depth, "num_speculative_tokens": min(depth, 64)},
+        args.suffix_python)
+
+
 def peer_candidates(args: argparse.Namespace) -> list[tuple[str, dict[str, Any], str]]:
-    """(label, speculative config, python) of every peer to calibrate."""
-    out: list[tuple[str, dict[str, Any], str]] = [
-        (f"vLLM ngram K={k}", {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": args.ngram_max,
-                               "prompt_lookup_min": args.ngram_min}, sys.executable)
-        for k in map(int, args.ngram_ks.split(","))]
-    if args.suffix_python:  # depth 24, K = 24: vLLM's defaults
-        out += [(f"vLLM suffix depth {d} K={min(d, 64)}", {"method": "suffix", "suffix_decoding_max_tree_depth": d,
-                                                         "num_speculative_tokens": min(d, 64)}, args.suffix_python)
-                for d in map(int, args.suffix_depths.split(","))]
+    """(label, speculative config, python) of every peer: ``--peers`` as given (in that order), else the
+    n-gram Ks and, with ``--suffix-python``, the suffix depths."""
+    if args.peers:
+        kinds = {"ngram": ngram_peer, "suffix": suffix_peer}
+        return [kinds[kind](int(value), args) for kind, value in (p.split(":") for p in args.peers.split(","))]
+    out = [ngram_peer(k, args) for k in map(int, args.ngram_ks.split(","))]
+    if args.suffix_python:
+        out += [suffix_peer(d, args) for d in map(int, args.suffix_depths.split(","))]
     return out
 
 
@@ -471,6 +492,8 @@ def main() -> None:
     parser.add_argument("--ngram-min", type=int, default=2)
     parser.add_argument("--suffix-python", help="an interpreter whose environment has arctic-inference and this "
                         "vLLM (adds vLLM's suffix method)")
+    parser.add_argument("--peers", help="explicit peers in phase order, e.g. suffix:128,ngram:8 (ngram:K, "
+                        "suffix:DEPTH); overrides --ngram-ks and --suffix-depths")
     parser.add_argument("--suffix-depths", default="24,128", help="suffix tree depths (K = min(depth, 64))")
     parser.add_argument("--calibrate-tasks", type=int, default=8, help="tasks of the calibration subset (0: none)")
     parser.add_argument("--full-peers", choices=["each", "best", "none"], default="each",
