@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -383,14 +384,19 @@ async def run_edits(args: argparse.Namespace) -> None:
 
         async def with_peer(label: str, spec: dict[str, Any], python: str, arms: list[Arm], items: list[ChatTask],
                             levels: list[int]) -> dict[int, dict[str, Tally]]:
-            server = await asyncio.to_thread(start_vllm, model_path, args.model, free_port(), log_dir, flags, spec,
-                                             python, re.sub(r"\W+", "-", label))
-            try:
-                peer = Arm(label, client_for(server), args.model, predict=False,
-                           metrics_url=server.base_url + "/metrics")
-                return {c: await measure([*arms, peer], items, c, args.max_tokens, label) for c in levels}
-            finally:
-                await asyncio.to_thread(stop_server, server)
+            """A fresh peer server per concurrency level: suffix decoding caches earlier responses, and
+            the same tasks answered again would be drafted from its cache."""
+            out = {}
+            for concurrency in levels:
+                server = await asyncio.to_thread(start_vllm, model_path, args.model, free_port(), log_dir, flags,
+                                                 spec, python, re.sub(r"\W+", "-", label))
+                try:
+                    peer = Arm(label, client_for(server), args.model, predict=False,
+                               metrics_url=server.base_url + "/metrics")
+                    out[concurrency] = await measure([*arms, peer], items, concurrency, args.max_tokens, label)
+                finally:
+                    await asyncio.to_thread(stop_server, server)
+            return out
 
         print(f"model {args.model}, {len(items)} tasks, max_tokens {args.max_tokens}, temperature 0; Cascade "
               f"flags {' '.join(cascade_flags)}; vLLM flags {flags}\n", flush=True)
@@ -417,6 +423,11 @@ async def run_edits(args: argparse.Namespace) -> None:
         await asyncio.to_thread(stop_server, cascade)
 
     print("\n".join(target_lines(phases)))
+    if args.save_replies:
+        Path(args.save_replies).write_text(json.dumps(
+            {phase.title: {str(c): {label: {name: asdict(reply) for name, reply in tally.replies.items()}
+                                    for label, tally in tallies.items()}
+                           for c, tallies in phase.tallies.items()} for phase in phases}, indent=1))
     if args.per_task:
         for phase in phases:
             print("\n".join(per_task_table(phase, concurrencies[0])))
@@ -502,6 +513,7 @@ def main() -> None:
     parser.add_argument("--cascade-once", action="store_true",
                         help="Cascade only in the first full phase (later phases: no prediction and the peer)")
     parser.add_argument("--per-task", action="store_true", help="also print per-task tables")
+    parser.add_argument("--save-replies", help="write every reply (text, tokens, accepted, seconds) to this JSON file")
     parser.add_argument("--log-dir", default=f"/tmp/bench-http-predict-{int(time.time())}")
     parser.add_argument("--check-identical", action="store_true",
                         help="only the ≥ 10× check: default model, prediction = the greedy output")
