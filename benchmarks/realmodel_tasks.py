@@ -122,11 +122,33 @@ INSTRUCTIONS = {
 }
 
 
+def edit_message(instruction: str, source: str) -> str:
+    """The chat message of an edit task: the instruction, then the whole file in a fence."""
+    return f"{instruction} Reply with the whole file only.\n\n```python\n{source}```"
+
+
 def tasks() -> list[tuple[str, str, str]]:
     """(name, user message, prediction) for every task: 24 in all."""
     out = []
     for source_name, source in SOURCES.items():
         for i, instruction in enumerate(INSTRUCTIONS[source_name]):
-            message = f"{instruction} Reply with the whole file only.\n\n```python\n{source}```"
-            out.append((f"{source_name}.{i}", message, source))
+            out.append((f"{source_name}.{i}", edit_message(instruction, source), source))
+    return out
+
+
+def history_tasks(count: int, min_bytes: int, max_bytes: int, rev: str = "HEAD",
+                  max_instruction_chars: int = 240) -> list[tuple[str, str, str]]:
+    """(name, user message, prediction) for single-file ``.py`` edits of this repository's history, read
+    with git at run time (nothing copied into the repository): the before-file is the prediction and sits
+    in the message; the instruction is the commit's subject (cut at ``max_instruction_chars``), naming the
+    file. Names are ``<commit>:<path>``, so a run can be repeated on the same edits with ``rev``."""
+    from bench_predict_replay import git, history_edits
+
+    out = []
+    for edit in history_edits(count, min_bytes, max_bytes, min_similarity=0.5, rev=rev):
+        subject = " ".join(git("log", "-1", "--format=%s", edit.commit).split())
+        if len(subject) > max_instruction_chars:
+            subject = subject[:max_instruction_chars].rsplit(" ", 1)[0] + " …"
+        instruction = f"Edit {edit.path}: {subject}."
+        out.append((f"{edit.commit}:{edit.path}", edit_message(instruction, edit.before), edit.before))
     return out
