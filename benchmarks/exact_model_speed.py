@@ -22,7 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [os.environ.get("CASCADE_SERVICE", str(REPO / "service"))]
 
-from cascade.codec.exact.model import ExactLlama, KVCache  # noqa: E402
+from cascade.codec.exact.model import ExactLlama  # noqa: E402
 
 
 def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
@@ -57,7 +57,7 @@ def main() -> None:
     start = time.perf_counter()
     model.logits(model.prefill(sequences[:8]))
     prefill_s = time.perf_counter() - start
-    cache = KVCache.allocate(rows, context + 64, c.num_layers, c.num_kv_heads, c.head_dim)
+    cache = model.allocate_cache(rows, context + 64)
     model.prefill(sequences, cache, list(range(rows)))
     tokens = torch.tensor([s[-1] for s in sequences])
     steps = 16

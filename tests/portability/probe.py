@@ -22,9 +22,10 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "service"), str(REPO)]
 
+from cascade.codec.exact.cache import KVCache  # noqa: E402
 from cascade.codec.exact.frequencies import frequency_tables  # noqa: E402
 from cascade.codec.exact.known_answer import check_known_answer, reference_path  # noqa: E402
-from cascade.codec.exact.model import ExactLlama, KVCache  # noqa: E402
+from cascade.codec.exact.model import ExactLlama  # noqa: E402
 from cascade.codec.exact.runner import ExactRunner  # noqa: E402
 from cascade.codec.lanes import lane_lengths, split_lanes  # noqa: E402
 from cascade.engine.fingerprint import model_fingerprint  # noqa: E402

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 from cascade.codec.exact import root
+from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.frequencies import frequency_tables
-from cascade.codec.exact.model import ExactConfig, ExactLlama, KVCache
+from cascade.codec.exact.model import ExactConfig, ExactLlama
 
 REPO = Path(__file__).resolve().parents[3]
 PYCODER = REPO / "models" / "pycoder-23m"

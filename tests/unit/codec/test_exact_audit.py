@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cascade.codec.exact import cache_products, frequencies, fused
+from cascade.codec.exact import dispatch, frequencies
 from cascade.codec.exact.audit import ALLOWED, KERNELS, OpAudit, allow_list_markdown, cast_list_markdown
 from cascade.codec.exact.frequencies import escape_tables, frequency_tables
 
@@ -29,10 +29,9 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
     assert products > 0 and audit.calls["aten.bmm.default"] > 0
     if kernels == "reference":
         assert "aten._int_mm.default" not in audit.calls and "cache_products.scores" not in audit.calls
-    elif cache_products.usable(model.device, model.cache_dtype):
-        assert audit.calls["cache_products.scores"] > 0 and audit.calls["cache_products.weighted"] > 0
-        if fused.usable(model.device):
-            assert all(audit.calls.get(name, 0) > 0 for name in KERNELS if name.startswith(("fused.", "frequencies.")))
+    elif model.kernels.name == "compiled":
+        assert all(audit.calls.get(name, 0) > 0 for name in KERNELS
+                   if name.startswith(("fused.", "frequencies.", "cache_products.")))
 
 
 def test_the_torch_escape_tables_a_gpu_runs_use_only_reviewed_ops(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,15 +79,33 @@ def test_a_lowered_float32_matmul_precision_neither_changes_the_integers_nor_sta
 
 
 def test_only_a_reviewed_host_step_may_leave_the_audited_device_and_its_ops_are_still_checked() -> None:
-    """``model.exact_root`` takes a GPU's roots on the host; the audit lets exactly that step's
-    tensors be on the CPU (``cache_products.host_step``) and still checks its ops."""
+    """``root.machine_root`` takes a GPU's roots on the host; the audit lets exactly that step's
+    tensors be on the CPU (``dispatch.host_step``) and still checks its ops."""
     x = torch.ones(3, dtype=torch.float64)
     with OpAudit("meta") as audit:
         _ = torch.sqrt(x)
     assert audit.violations == {"aten.sqrt.default: a tensor on cpu, not meta"}
-    with OpAudit("meta") as audit, cache_products.host_step("model.exact_root",
+    with OpAudit("meta") as audit, dispatch.host_step("root.machine_root",
                                                             torch.empty(3, dtype=torch.float64, device="meta")):
         _ = torch.sqrt(x)
         _ = x.exp()
     assert audit.violations == {"aten.exp.default: not on the allow-list"}
-    assert not cache_products.on_host()
+    assert not dispatch.on_host()
+
+
+def test_the_audit_checks_the_value_bounds_its_reasons_state() -> None:
+    """A cast to int8 of a value past ±127, a float32 GEMM of non-integers, a float64 product that may
+    reach 2**53 and an attention-cache product past its bound are refused, although op and dtype are reviewed."""
+    with OpAudit("cpu") as audit:
+        _ = torch.tensor([[3.0, -200.0]], dtype=torch.float64).to(torch.int8)
+        _ = torch.full((2, 4), 0.5, dtype=torch.float64).to(torch.float32) @ torch.ones(4, 3)
+        big = torch.full((1, 2, 8), float(2**26), dtype=torch.float64)
+        _ = big @ big.transpose(-1, -2)
+        cache = torch.full((1, 1, 4, 8), 2**30, dtype=torch.int32)
+        dispatch.report("cache_products.scores", torch.full((1, 1, 1, 8), float(2**24), dtype=torch.float64), cache,
+                        torch.zeros(1, dtype=torch.int64))
+    problems = "\n".join(sorted(audit.violations))
+    assert "conversion torch.float64 → torch.int8: magnitude 200 > 127" in problems
+    assert "conversion torch.float64 → torch.float32: not integers" in problems
+    assert "aten.bmm.default: float64 products: |a|·|b|·8" in problems
+    assert "cache_products.scores: q·k: |a|·|b|·8" in problems

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 
 import torch
-from cascade.codec.exact.model import ExactConfig, ExactLlama, KVCache, bytes_per_row_position
+from cascade.codec.exact.cache import KVCache, bytes_per_row_position
+from cascade.codec.exact.model import ExactConfig, ExactLlama
 
 from tests.unit.codec.exact_fixtures import TINY, tiny_model, tiny_weights
 
@@ -64,8 +65,9 @@ def test_byte_counts_match_the_tensors_a_cache_holds() -> None:
     cache = KVCache.allocate(5, 70, c.num_layers, c.num_kv_heads, c.head_dim)
     per = bytes_per_row_position(c)
     assert per == 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
-    assert KVCache.bytes_per_row_position(c) == per
-    assert cache.nbytes() == 5 * 70 * per + 5 * 8
+    assert cache.nbytes() == 5 * 70 * per
+    cache.resize(90, torch.tensor([4, 1]))
+    assert cache.nbytes() == 2 * 90 * per and cache.capacity == 90 and cache.rows == 2
 
 
 def test_the_cache_holds_int32_unless_a_short_context_needs_wider_integers() -> None:

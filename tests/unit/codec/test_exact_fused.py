@@ -8,7 +8,9 @@ import json
 import pytest
 import torch
 from cascade.codec.exact import fused, tables
-from cascade.codec.exact.model import _ACT8, _RINT_LIMIT, QuantLinear, rint_, rms_norm, silu
+from cascade.codec.exact.grid import ACT8, RINT_LIMIT, rint_
+from cascade.codec.exact.kernels import TorchKernels
+from cascade.codec.exact.ops import QuantLinear, rms_norm, silu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +24,7 @@ needs_fused = pytest.mark.skipif(not fused.usable(CPU), reason="the fused kernel
 def reference_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``QuantLinear``'s activation grid, as the torch path computes it."""
     amax = x.abs().amax(dim=1, keepdim=True)
-    step = torch.where(amax > 0, amax, torch.ones_like(amax)) / torch.tensor(_ACT8, dtype=torch.float64)
+    step = torch.where(amax > 0, amax, torch.ones_like(amax)) / torch.tensor(ACT8, dtype=torch.float64)
     return rint_(x / step), step[:, 0]
 
 
@@ -44,7 +46,7 @@ def linear_case(draw: st.DrawFn) -> tuple[torch.Tensor, QuantLinear, bool]:
     seed = draw(st.integers(0, 2**31))
     g = torch.Generator().manual_seed(seed + 1)
     bias = torch.randn(out, generator=g) if draw(st.booleans()) else None
-    linear = QuantLinear(torch.randn(out, width, generator=g), bias, _ACT8, CPU)
+    linear = QuantLinear(torch.randn(out, width, generator=g), bias, ACT8, CPU)
     return rows_of(draw, rows, width, seed), linear, draw(st.booleans())
 
 
@@ -111,11 +113,12 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     rows, span = 5, 40
     x = torch.randn(rows, c.hidden_size, generator=g, dtype=torch.float64)
     positions = torch.tensor([0, 3, 39, 17, 39])
-    q, k, v = model._qkv(layer, x, positions)
-    m, steps = fused.norm_quantize(x, layer["attn_norm"], c.rms_norm_eps)
-    qkv = layer["qkv"]
-    got = fused.qkv(exact_product(m, qkv, True), steps, qkv.scale, qkv.bias, positions, model.cos, model.sin,
-                    c.num_heads, c.num_kv_heads, c.head_dim, model.qk_limit, model.v_limit)
+    torch_kernels, geo = TorchKernels(model.geometry), model.geometry
+    q, k, v = torch_kernels.qkv(layer.qkv, torch_kernels.norm_quantize(x, layer.attn_norm), positions)
+    m, steps = fused.norm_quantize(x, layer.attn_norm, c.rms_norm_eps)
+    qkv = layer.qkv
+    got = fused.qkv(exact_product(m, qkv, True), steps, qkv.scale, qkv.bias, positions, geo.cos, geo.sin,
+                    c.num_heads, c.num_kv_heads, c.head_dim, geo.qk_limit, geo.v_limit)
     assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v), strict=True))
     group = c.num_heads // c.num_kv_heads
     cache = model.allocate_cache(rows, span + 8)
@@ -131,8 +134,8 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     q4 = q.view(rows, c.num_kv_heads, group, c.head_dim)
     keys = cache.keys[0][:, :, :span].to(torch.float64)
     values = cache.values[0][:, :, :span].to(torch.float64)
-    expected = model._attend(q4, keys, values, invalid)
-    p, sums = fused.weights(q4 @ keys.transpose(-1, -2), positions, model.score_to_grid, model.att_exp)
+    expected = torch_kernels._attend(q4, keys, values, invalid)
+    p, sums = fused.weights(q4 @ keys.transpose(-1, -2), positions, geo.score_to_grid, geo.att_exp)
     got_m, got_steps = fused.normalise_quantize(p @ values, sums, 1024.0)
     expected_m, expected_steps = reference_quantize(expected.reshape(rows, -1))
     assert torch.equal(got_m.to(torch.float64), expected_m) and torch.equal(got_steps, expected_steps)
@@ -153,7 +156,7 @@ def test_a_host_whose_compiler_contracts_operations_keeps_torchs_operations_with
     try:
         config = CONFIGS["llama-mha"]
         model = ExactLlama(ExactConfig.from_hf(config), random_weights(config), MAX_POSITIONS)
-        assert "fused elementwise kernels off" in model.kernel_summary()
+        assert "torch kernel set" in model.kernel_summary()
         assert record(model) == EXPECTED["llama-mha"]
     finally:
         fused.usable.cache_clear()
@@ -167,5 +170,5 @@ def test_the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) 
     hidden = torch.randn(37, model.config.hidden_size, generator=g, dtype=torch.float64)
     hidden *= torch.tensor(10.0, dtype=torch.float64) ** torch.randint(-2, 3, (37, 1), generator=g)
     hidden[0] = 0.0
-    expected = rint_(model.logits_before_rounding(hidden).clamp_(-_RINT_LIMIT, _RINT_LIMIT)).to(torch.int64)
+    expected = rint_(model.logits_before_rounding(hidden).clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64)
     assert torch.equal(model.logits(hidden), expected)

@@ -141,8 +141,7 @@ def test_a_host_where_the_cache_kernels_fail_keeps_torchs_kernels_with_the_same_
     monkeypatch.setattr(cache_products, "_scores", broken)
     try:
         model = _fresh("qwen2-gqa2-bias")
-        assert not model._cache_kernels
-        assert "integer-cache attention off" in model.kernel_summary()
+        assert model.kernels.name == "torch" and "torch kernel set" in model.kernel_summary()
         assert record(model) == EXPECTED["qwen2-gqa2-bias"]
     finally:
         cache_products._compiles.cache_clear()

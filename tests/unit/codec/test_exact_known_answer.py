@@ -50,7 +50,7 @@ def test_a_drift_inside_a_layer_names_that_layer(tmp_path: Path) -> None:
     model = random_model("llama-mha")
     path = tmp_path / "ref.json"
     path.write_text(json.dumps(reference(model)))
-    norm = model.layers[1]["mlp_norm"]
+    norm = model.layers[1].mlp_norm
     original = norm.clone()
     try:
         norm[3] = torch.nextafter(original[3], torch.tensor(2.0, dtype=torch.float64))

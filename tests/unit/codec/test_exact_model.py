@@ -8,7 +8,10 @@ import random
 
 import pytest
 import torch
-from cascade.codec.exact.model import ExactConfig, ExactLlama, KVCache, UnsupportedModelError, rint, rms_norm, silu
+from cascade.codec.exact.cache import KVCache
+from cascade.codec.exact.grid import rint
+from cascade.codec.exact.model import ExactConfig, ExactLlama, UnsupportedModelError
+from cascade.codec.exact.ops import rms_norm, silu
 from cascade.codec.exact.tables import sigmoid_table
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from cascade.codec.exact.model import exact_root
+from cascade.codec.exact.ops import exact_root
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

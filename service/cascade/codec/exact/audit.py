@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from cascade.codec.exact import cache_products
+from cascade.codec.exact import dispatch
+from cascade.codec.exact.grid import ACT8, FP32_EXACT, FP32_PIECE_TERMS, FP64_EXACT, RINT_LIMIT
 from cascade.codec.exact.int8_gemm import INT32_TERMS
 
 F32, F64, I8, I32, I64, BF16, F16, BOOL = (torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
                                             torch.bfloat16, torch.float16, torch.bool)
-_FP32_PIECE = 1040  # 127 · 127 · 1040 < 2**24 (and the output layer's 128 · 127 · 1032)
 
 
 @dataclass(frozen=True)
@@ -37,18 +37,72 @@ class Allowed:
     check: Callable[[tuple[Any, ...], dict[str, Any]], str | None] | None = None
 
 
+def _largest(t: torch.Tensor) -> float:
+    """The largest magnitude in ``t`` (0 when empty), computed outside the audit."""
+    if t.numel() == 0:
+        return 0.0
+    wide = t.detach().to(torch.int64) if not t.is_floating_point() else t.detach()
+    return float(wide.abs().max())
+
+
+def _integral(t: torch.Tensor) -> bool:
+    return not t.is_floating_point() or bool(torch.equal(t, t.trunc()))
+
+
+def _integers_within(t: torch.Tensor, limit: float, what: str) -> str | None:
+    """Why ``t`` is not integers of magnitude ≤ ``limit`` (``what`` they should be), or None."""
+    if not _integral(t):
+        return f"{what}: not integers"
+    largest = _largest(t)
+    return None if largest <= limit else f"{what}: magnitude {largest:g} > {limit:g}"
+
+
+def _product_within(a: torch.Tensor, b: torch.Tensor, terms: int, limit: float, what: str) -> str | None:
+    """Why a sum of ``terms`` products of ``a``'s and ``b``'s integers may reach ``limit``, or None."""
+    if not (_integral(a) and _integral(b)):
+        return f"{what}: operands not integers"
+    bound = _largest(a) * _largest(b) * terms
+    return None if bound < limit else f"{what}: |a|·|b|·{terms} = {bound:g} ≥ {limit:g}"
+
+
 def _int_mm_terms(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     k = args[0].shape[-1]
-    return None if k <= INT32_TERMS else f"an int8 product over {k} > {INT32_TERMS} terms may overflow int32"
+    if k > INT32_TERMS:
+        return f"an int8 product over {k} > {INT32_TERMS} terms may overflow int32"
+    return (_integers_within(args[0], ACT8, "int8 GEMM activations")
+            or _integers_within(args[1], ACT8, "int8 GEMM weights"))
 
 
 def _mm_pieces(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     k = args[0].shape[-1]
-    return None if k <= _FP32_PIECE else f"a float32 product over {k} > {_FP32_PIECE} terms may round"
+    if k > FP32_PIECE_TERMS:
+        return f"a float32 product over {k} > {FP32_PIECE_TERMS} terms may round"
+    return (_integers_within(args[0], ACT8 + 1, "float32 GEMM activations")
+            or _product_within(args[0], args[1], k, FP32_EXACT, "float32 GEMM partial sums"))
+
+
+def _exact_float64_products(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    return _product_within(args[0], args[1], args[0].shape[-1], FP64_EXACT, "float64 products")
+
+
+def _exact_float64_sum(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    x = args[0]
+    if not x.is_floating_point():
+        return None
+    if not _integral(x):
+        return "a float64 sum of non-integers"
+    total = float(x.detach().abs().sum())
+    return None if total < FP64_EXACT else f"a float64 sum of integers reaching {total:g} ≥ 2**53"
+
+
+def _running_sums(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    x, dim = args[0], args[1]
+    total = float(x.detach().abs().sum(dim=dim).max()) if x.numel() else 0.0
+    return None if total < 2**52 else f"int64 running sums reaching {total:g} ≥ 2**52"
 
 
 _CASTS: dict[tuple[torch.dtype, torch.dtype], str] = {
-    (I8, F32): "int8 weights → float32: every int8 is exact",
+    (I8, F32): "int8 weights and activations (magnitude ≤ 127) → float32: exact",
     (F64, F32): "activation integers (magnitude ≤ 128) → float32: exact",
     (F32, F64): "GEMM partial sums (integers < 2**24), float32 checkpoint rows → float64: exact",
     (BF16, F64): "embedding rows → float64: every bf16 is exact",
@@ -62,16 +116,25 @@ _CASTS: dict[tuple[torch.dtype, torch.dtype], str] = {
     (F64, F64): "no conversion",
     (I64, I64): "no conversion",
 }
+_CAST_BOUNDS: dict[tuple[torch.dtype, torch.dtype], float] = {
+    (I8, F32): ACT8, (F64, F32): ACT8 + 1, (F64, I32): 2**31 - 1, (F64, I64): RINT_LIMIT, (F64, I8): ACT8,
+    (I64, F64): FP64_EXACT - 1}
+"""The value bounds ``_CASTS`` states, checked on every conversion the audit sees."""
+
+
+def _convert(src: torch.Tensor, dst: torch.dtype, verb: str) -> str | None:
+    if (src.dtype, dst) not in _CASTS:
+        return f"{verb} {src.dtype} → {dst} is not reviewed"
+    bound = _CAST_BOUNDS.get((src.dtype, dst))
+    return None if bound is None else _integers_within(src, bound, f"{verb} {src.dtype} → {dst}")
 
 
 def _cast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    src, dst = args[0].dtype, kwargs.get("dtype", args[0].dtype)
-    return None if (src, dst) in _CASTS else f"conversion {src} → {dst} is not reviewed"
+    return _convert(args[0], kwargs.get("dtype", args[0].dtype), "conversion")
 
 
 def _copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    dst, src = args[0].dtype, args[1].dtype
-    return None if (src, dst) in _CASTS else f"copy {src} → {dst} is not reviewed"
+    return _convert(args[1], args[0].dtype, "copy")
 
 
 _MOVES = "moves, selects, creates or compares values: no arithmetic"
@@ -89,10 +152,12 @@ ALLOWED: dict[str, Allowed] = {
                                     check=_int_mm_terms),
     "aten.bmm.default": Allowed(frozenset({F64}), "attention: q·k over head_dim terms (magnitudes ≤ √(2**53/D)) "
                                 "and p·v over the context (p ≤ 2**16, v ≤ 2**53/(2**16·positions) in magnitude): "
-                                "< 2**53, exact"),
+                                "< 2**53, exact", check=_exact_float64_products),
     "aten.sum.dim_IntList": Allowed(frozenset({F64, I64}), "sums of integers below 2**53 (squares of int16 rows, "
-                                    "attention weights) or int64 table weights: exact in any order"),
-    "aten.cumsum.default": Allowed(_INT, "int64 running sums of frequency weights (< 2**52)", scalars=True),
+                                    "attention weights) or int64 table weights: exact in any order",
+                                    check=_exact_float64_sum),
+    "aten.cumsum.default": Allowed(_INT, "int64 running sums of frequency weights (< 2**52)", scalars=True,
+                                   check=_running_sums),
     # -- single correctly rounded IEEE operations -----------------------------------------------------
     "aten.add.Tensor": Allowed(frozenset({F64, I64}), "one IEEE binary64 addition (correctly rounded on every "
                                "device), or int64 arithmetic within bounds", scalars=True),
@@ -114,8 +179,8 @@ ALLOWED: dict[str, Allowed] = {
     "aten.sqrt.default": Allowed(frozenset({F64}), ("torch's CPU square root (MKL's vector sqrt): within an ulp, "
                                  "not always the correctly rounded root, and another variant on some CPUs "
                                  "(codec.exact.root); exact-llama-1 is defined by it, so other devices take the "
-                                 "per-row roots on the host (model.exact_root); the drift known answer traces with the "
-                                 "correctly rounded root and reports the machine's root variant")),
+                                 "per-row roots on the host (root.machine_root); the drift known answer traces with "
+                                 "the correctly rounded root and reports the machine's root variant")),
     "aten.abs.default": Allowed(frozenset({F64}), "exact"),
     "aten.amax.default": Allowed(frozenset({F64, I64}), "a maximum: exact, order independent"),
     "aten.max.default": Allowed(_INT, "a maximum: exact"),
@@ -151,13 +216,42 @@ ALLOWED: dict[str, Allowed] = {
 }
 
 
+def _cache_scores(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    return _product_within(t[0], t[1], t[0].shape[-1], FP64_EXACT, "q·k")
+
+
+def _cache_weighted(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    return (_integers_within(t[0], 1 << 16, "attention weights")
+            or _product_within(t[0], t[1], t[0].shape[-1], FP64_EXACT, "p·v"))
+
+
+def _stored(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    limit = 2**31 - 1 if t[4].dtype == I32 else FP64_EXACT - 1
+    return _integers_within(t[0], limit, "cached keys") or _integers_within(t[1], limit, "cached values")
+
+
+def _exact_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    return _integers_within(t[0], FP64_EXACT - 1, "integer sums")
+
+
+def _residual_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    return _integers_within(t[1], FP64_EXACT - 1, "integer sums")
+
+
+_KERNEL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {
+    "cache_products.scores": _cache_scores, "cache_products.weighted": _cache_weighted, "fused.store": _stored,
+    "fused.qkv": _exact_sums, "fused.residual": _residual_sums, "fused.silu_quantize": _exact_sums,
+    "fused.weights": _exact_sums, "fused.integer_logits": _exact_sums}
+
 KERNELS: dict[str, Allowed] = {
     "cache_products.scores": Allowed(frozenset({F64, I32, I64}), "q·k of float64 query integers and the int32 key "
                                      "cache rows the int64 row index names (numba): every product and partial sum "
-                                     "is an integer below 2**53, exact in any order, vectorised or fused"),
+                                     "is an integer below 2**53, exact in any order, vectorised or fused",
+                                     check=_cache_scores),
     "cache_products.weighted": Allowed(frozenset({F64, I32, I64}), "p·v of integer weights ≤ 2**16 and the int32 value "
-                                       "cache (numba): integer sums below 2**53, exact in any order"),
-    "model.exact_root": Allowed(frozenset({F64}), "off the CPU, RMSNorm's per-row roots taken by the host's "
+                                       "cache (numba): integer sums below 2**53, exact in any order",
+                                       check=_cache_weighted),
+    "root.machine_root": Allowed(frozenset({F64}), "off the CPU, RMSNorm's per-row roots taken by the host's "
                                 "torch.sqrt (exact-llama-1's root, the machine's variant): one float64 per "
                                 "row copied to the CPU and back, exactly; its ops are checked, not their device"),
     "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
@@ -166,7 +260,8 @@ KERNELS: dict[str, Allowed] = {
                                                   "version 4) in one loop per row (numba): int64 arithmetic within "
                                                   "its bounds, nothing rounds"),
     **{f"fused.{name}": Allowed(dtypes, "the torch path's elementwise operations in its order, compiled without "
-                                        f"fast-math (machine code checked for FMA at load): {why}")
+                                        f"fast-math (machine code checked for FMA at load): {why}",
+                                check=_KERNEL_CHECKS.get(f"fused.{name}"))
        for name, dtypes, why in (
            ("mean_squares", frozenset({F64}), "RMSNorm's int16 grid and the exact sum of its squares, ÷ n, "
                                               "× step², + eps"),
@@ -212,11 +307,11 @@ class OpAudit(TorchDispatchMode):
         self.violations: set[str] = set()
 
     def __enter__(self) -> OpAudit:
-        cache_products.observers.append(self._kernel)
+        dispatch.observers.append(self._kernel)
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        cache_products.observers.remove(self._kernel)
+        dispatch.observers.remove(self._kernel)
         super().__exit__(*exc)
 
     def _kernel(self, name: str, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -226,10 +321,15 @@ class OpAudit(TorchDispatchMode):
             self.violations.add(f"{name}: not a reviewed kernel")
         elif bad := sorted({str(t.dtype) for t in tensors} - {str(d) for d in entry.dtypes}):
             self.violations.add(f"{name}: dtype {', '.join(bad)} not reviewed")
+        elif entry.check is not None:
+            with _disable_current_modes():  # the check's own ops are not the decision path's
+                reason = entry.check(tensors, {})
+            if reason:
+                self.violations.add(f"{name}: {reason}")
         self._check_device(name, list(tensors))
 
     def _check_device(self, name: str, tensors: list[torch.Tensor]) -> None:
-        if self.device is not None and not cache_products.on_host():
+        if self.device is not None and not dispatch.on_host():
             for t in tensors:
                 if t.device.type != self.device.type or self.device.index not in (None, t.device.index):
                     self.violations.add(f"{name}: a tensor on {t.device}, not {self.device}")

@@ -13,49 +13,19 @@ reassociation and contraction are allowed here and nowhere else). Everything tha
 scores' grid scale, ``rint``, the exp table, the final division) stays in the torch code of
 ``model``. The kernels compute what ``torch.bmm`` computes on the converted cache, bit for bit
 (tested), and the model falls back to that path where numba is missing or the device is not the CPU.
-
-Calls are serialised by a lock: numba's default thread pool does not take concurrent launches.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from cascade.codec.exact import dispatch
+
 logger = logging.getLogger("cascade.codec")
-_LOCK = threading.Lock()
-observers: list[Callable[[str, tuple[torch.Tensor, ...]], None]] = []
-"""Called with each kernel's name and operands (``audit.OpAudit`` checks them: dispatch never sees numba)."""
-_host = threading.local()
-
-
-def report(name: str, *tensors: torch.Tensor) -> None:
-    """Tell the ``observers`` that kernel ``name`` runs on ``tensors``."""
-    for observe in observers:
-        observe(name, tensors)
-
-
-@contextlib.contextmanager
-def host_step(name: str, *tensors: torch.Tensor) -> Iterator[None]:
-    """A reviewed step of the decision path that runs on the host by design (``model.exact_root``'s
-    square roots off the CPU): reported as kernel ``name``; inside it (``on_host``) the audit does not
-    hold tensors to the decision path's device."""
-    report(name, *tensors)
-    _host.depth = getattr(_host, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _host.depth -= 1
-
-
-def on_host() -> bool:
-    return getattr(_host, "depth", 0) > 0
 
 try:
     import numba
@@ -132,8 +102,8 @@ def scores(q: torch.Tensor, keys: torch.Tensor, span: int, cache_rows: torch.Ten
     row, as a verify pass's positions of one lane do)."""
     out = torch.empty(*q.shape[:3], span, dtype=torch.float64)
     index = _rows(cache_rows, q.shape[0])
-    report("cache_products.scores", q, keys, index)
-    launch(_scores, q.contiguous().numpy(), keys.numpy(), index.numpy(), span, out.numpy())
+    dispatch.report("cache_products.scores", q, keys, index)
+    dispatch.launch(_scores, q.contiguous().numpy(), keys.numpy(), index.numpy(), span, out.numpy())
     return out
 
 
@@ -143,18 +113,6 @@ def weighted(p: torch.Tensor, values: torch.Tensor, span: int, cache_rows: torch
     group, D)`` (``cache_rows`` as in ``scores``)."""
     out = torch.empty(*p.shape[:3], values.shape[3], dtype=torch.float64)
     index = _rows(cache_rows, p.shape[0])
-    report("cache_products.weighted", p, values, index)
-    launch(_weighted, p.contiguous().numpy(), values.numpy(), index.numpy(), span, out.numpy())
+    dispatch.report("cache_products.weighted", p, values, index)
+    dispatch.launch(_weighted, p.contiguous().numpy(), values.numpy(), index.numpy(), span, out.numpy())
     return out
-
-
-def launch(kernel: Any, *args: Any) -> None:
-    """Run ``kernel`` on as many threads as torch uses in this thread. Numba's OpenMP start-up resets
-    the calling thread's OpenMP thread count (measured: torch 1 → 2 after the first launch), which
-    would undo ``codec_threads`` and the single-threaded loading: the caller's count is put back."""
-    threads = torch.get_num_threads()
-    with _LOCK:
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-        kernel(*args)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)

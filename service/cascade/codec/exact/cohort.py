@@ -13,41 +13,10 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact import model as exact_model
-from cascade.codec.exact.model import ExactLlama, KVCache
+from cascade.codec.exact.cache import KVCache
+from cascade.codec.exact.model import ExactLlama
 
 GROW_POSITIONS = 64
-
-
-def bytes_per_row_position(model: ExactLlama) -> int:
-    """Bytes one cached position of one row takes (every layer's key and value, the model's dtype)."""
-    return exact_model.bytes_per_row_position(model.config, model.cache_dtype)
-
-
-def _resize(cache: KVCache, rows: torch.Tensor | None, capacity: int) -> KVCache:
-    """The cache with only ``rows`` (all when None) and ``capacity`` positions (zero-padded or cut)."""
-    def one(t: torch.Tensor) -> torch.Tensor:
-        if rows is not None:
-            t = t[rows]
-        have = t.shape[2]
-        if capacity < have:
-            return t[:, :, :capacity].contiguous()
-        if capacity > have:
-            pad = t.new_zeros(t.shape[0], t.shape[1], capacity - have, t.shape[3])
-            return torch.cat([t, pad], dim=2)
-        return t
-
-    lengths = cache.lengths if rows is None else cache.lengths[rows]
-    return KVCache([one(k) for k in cache.keys], [one(v) for v in cache.values], lengths)
-
-
-def _copy_prefix(cache: KVCache, src: int, dst: torch.Tensor, length: int) -> None:
-    """Row ``src``'s first ``length`` positions into rows ``dst`` (as ``KVCache.copy_prefix``, but
-    reading a copy: torch refuses an index-put whose source views the written tensor)."""
-    for tensors in (cache.keys, cache.values):
-        for t in tensors:
-            t[dst, :, :length] = t[src, :, :length].clone()
-    cache.lengths[dst] = length
 
 
 class Cohort:
@@ -74,7 +43,7 @@ class Cohort:
 
     @property
     def capacity(self) -> int:
-        return 0 if self.cache is None else int(self.cache.keys[0].shape[2])
+        return 0 if self.cache is None else self.cache.capacity
 
     def longest_need(self) -> int:
         return max(self.needs, default=0)
@@ -85,9 +54,7 @@ class Cohort:
 
     def nbytes(self) -> int:
         """Bytes of the cached keys and values (what the budget counts)."""
-        if self.cache is None:
-            return 0
-        return sum(t.element_size() * t.numel() for t in (*self.cache.keys, *self.cache.values))
+        return 0 if self.cache is None else self.cache.nbytes()
 
     def join(self, segments: list[tuple[Any, list[int], list[int], int]]) -> None:
         """Add segments ``(owner, prompt, lanes, need)``: each prompt but its last token is prefilled
@@ -99,7 +66,7 @@ class Cohort:
         heads = [prompt[:-1] for _, prompt, _, _ in segments]
         width = max(self.capacity, max(len(p) for p in heads), 1)
         if self.cache is not None and width > self.capacity:
-            self.cache = _resize(self.cache, None, width)
+            self.cache.resize(width)
         count = sum(len(lanes) for _, _, lanes, _ in segments)
         fresh = self.model.allocate_cache(count, width)
         firsts, row = [], 0
@@ -111,7 +78,7 @@ class Cohort:
             self.model.prefill([heads[i] for i in filled], fresh, [firsts[i] for i in filled])
         for first, head, (_, _, lanes, _) in zip(firsts, heads, segments, strict=True):
             if len(lanes) > 1 and head:
-                _copy_prefix(fresh, first, torch.arange(first + 1, first + len(lanes), device=device), len(head))
+                fresh.copy_prefix(first, torch.arange(first + 1, first + len(lanes), device=device), len(head))
         if self.cache is None:
             self.cache = fresh
         else:
@@ -138,7 +105,7 @@ class Cohort:
         self.pending = [self.pending[i] for i in keep]
         lengths = self.cache.lengths[index]
         capacity = min(self.capacity, max(self.longest_need(), int(lengths.max())))
-        self.cache = _resize(self.cache, index, capacity)
+        self.cache.resize(capacity, index)
 
     def step(self, drafts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """Feed every row its pending token followed by its draft (``drafts[i]``, possibly empty, never
@@ -160,7 +127,7 @@ class Cohort:
         span = max(positions) + 1
         if span > self.capacity:
             grown = min(max(span, self.capacity + GROW_POSITIONS), max(self.longest_need(), span))
-            self.cache = _resize(self.cache, None, grown)
+            self.cache.resize(grown)
         device = self.model.device
         hidden = self.model.verify(torch.tensor(tokens, dtype=torch.int64, device=device), self.cache,
                                    torch.tensor(rows, dtype=torch.int64, device=device),

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from cascade.codec.exact import cache_products
+from cascade.codec.exact import dispatch
 from cascade.codec.exact.tables import exact_context
 
 Q_BITS = 16
@@ -181,8 +181,8 @@ def frequency_tables(logits: torch.Tensor, top_k: int, precision_bits: int) -> t
     if COMPILED and device.type == "cpu" and logits.dtype == torch.int64:
         ids = torch.empty(n_rows, top_k, dtype=torch.int64)
         cdf = torch.empty(n_rows, top_k + 2, dtype=torch.int64)
-        cache_products.report("frequencies.compiled_tables", logits, hi, lo, coarse)
-        cache_products.launch(_compiled_tables, logits.contiguous().numpy(), bits, hi.numpy(), lo.numpy(),
+        dispatch.report("frequencies.compiled_tables", logits, hi, lo, coarse)
+        dispatch.launch(_compiled_tables, logits.contiguous().numpy(), bits, hi.numpy(), lo.numpy(),
                               coarse.numpy(), precision_bits, ids.numpy(), cdf.numpy())
         return ids, cdf
     z = logits.clamp(-_Z_LIMIT, _Z_LIMIT)
@@ -250,8 +250,8 @@ def escape_tables(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     coarse = _tables(str(device))[2]
     if COMPILED and device.type == "cpu" and logits.dtype == torch.int64:
         cdf = torch.empty(n_rows, vocab + 1, dtype=torch.int64)
-        cache_products.report("frequencies.compiled_escape_tables", logits, ids, coarse)
-        cache_products.launch(_compiled_escape_tables, logits.contiguous().numpy(), ids.contiguous().numpy(),
+        dispatch.report("frequencies.compiled_escape_tables", logits, ids, coarse)
+        dispatch.launch(_compiled_escape_tables, logits.contiguous().numpy(), ids.contiguous().numpy(),
                               coarse.numpy(), cdf.numpy())
         return cdf
     z = logits.clamp(-_Z_LIMIT, _Z_LIMIT)

@@ -25,11 +25,10 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact import cache_products, root
+from cascade.codec.exact import cache_products, dispatch, root
+from cascade.codec.exact.grid import ACT8, ACT16, DIGIT, MASKED, QK_UNIT, RINT_LIMIT, RINT_MAGIC, SIG_UNIT, V_UNIT
 
 logger = logging.getLogger("cascade.codec")
-_MAGIC = 1.5 * 2.0**52
-_LIMIT = 2.0**50
 _FMA = re.compile(r"\bv?f(n)?m(add|sub)\w*|\bfmla\b|\bfmls\b", re.IGNORECASE)
 
 try:
@@ -42,8 +41,8 @@ try:
 
     @numba.njit(inline="always", error_model="numpy", fastmath=False)
     def _rint(v: float) -> float:  # pragma: no cover - compiled
-        v = min(max(v, -_LIMIT), _LIMIT)
-        return (v + _MAGIC) - _MAGIC
+        v = min(max(v, -RINT_LIMIT), RINT_LIMIT)
+        return (v + RINT_MAGIC) - RINT_MAGIC
 
     @numba.njit(inline="always", error_model="numpy", fastmath=False)
     def _quantize_row(z: Any, act: float, m: Any) -> float:  # pragma: no cover - compiled
@@ -54,7 +53,7 @@ try:
                 amax = a
         step = (amax if amax > 0.0 else 1.0) / act
         for j in range(z.shape[0]):
-            m[j] = np.int8((z[j] / step + _MAGIC) - _MAGIC)
+            m[j] = np.int8((z[j] / step + RINT_MAGIC) - RINT_MAGIC)
         return step
 
     @numba.njit(inline="always", error_model="numpy", fastmath=False)
@@ -65,7 +64,7 @@ try:
             a = abs(x[j])
             if a > amax:
                 amax = a
-        step = (amax if amax > 0.0 else 1.0) / 32767.0
+        step = (amax if amax > 0.0 else 1.0) / ACT16
         squares = 0.0
         for j in range(n):
             xi = _rint(x[j] / step)
@@ -87,12 +86,12 @@ try:
         for r in prange(x.shape[0]):
             for j in range(x.shape[1]):
                 z[r, j] = x[r, j] / roots[r] * gain[j]
-            steps[r] = _quantize_row(z[r], 127.0, m[r])
+            steps[r] = _quantize_row(z[r], ACT8, m[r])
 
     @numba.njit(**_STRICT)
     def _quantize(x: Any, m: Any, steps: Any) -> None:  # pragma: no cover - compiled
         for r in prange(x.shape[0]):
-            steps[r] = _quantize_row(x[r], 127.0, m[r])
+            steps[r] = _quantize_row(x[r], ACT8, m[r])
 
     @numba.njit(**_STRICT)
     def _residual(x: Any, acc: Any, steps: Any, scale: Any, bias: Any, eps: float, out: Any, squares: Any
@@ -111,9 +110,9 @@ try:
             for j in range(inter):
                 g = _linear_out(acc[r], steps[r], scale, bias, j)
                 u = _linear_out(acc[r], steps[r], scale, bias, inter + j)
-                index = min(max(_rint(g * 1024.0), -half), half)
+                index = min(max(_rint(g * SIG_UNIT), -half), half)
                 z[r, j] = g * table[int(index) + int(half)] * u
-            next_steps[r] = _quantize_row(z[r], 127.0, m[r])
+            next_steps[r] = _quantize_row(z[r], ACT8, m[r])
 
     @numba.njit(**_STRICT)
     def _qkv(acc: Any, steps: Any, scale: Any, bias: Any, positions: Any, cos: Any, sin: Any, qk_limit: float,
@@ -130,8 +129,8 @@ try:
                     x2 = _linear_out(acc[r], steps[r], scale, bias, base + half + i)
                     c = cos[p, i]
                     s = sin[p, i]
-                    lo = min(max(_rint((x1 * c - x2 * s) * 1024.0), -qk_limit), qk_limit)
-                    hi = min(max(_rint((x2 * c + x1 * s) * 1024.0), -qk_limit), qk_limit)
+                    lo = min(max(_rint((x1 * c - x2 * s) * QK_UNIT), -qk_limit), qk_limit)
+                    hi = min(max(_rint((x2 * c + x1 * s) * QK_UNIT), -qk_limit), qk_limit)
                     if h < heads:
                         q[r, h, i] = lo
                         q[r, h, half + i] = hi
@@ -142,7 +141,7 @@ try:
             for h in range(kv_heads):
                 for i in range(dim):
                     value = _linear_out(acc[r], steps[r], scale, bias, base + h * dim + i)
-                    v[r, h, i] = min(max(_rint(value * 1024.0), -v_limit), v_limit)
+                    v[r, h, i] = min(max(_rint(value * V_UNIT), -v_limit), v_limit)
 
     @numba.njit(**_STRICT)
     def _store(k: Any, v: Any, cache_rows: Any, positions: Any, keys: Any, values: Any
@@ -159,20 +158,19 @@ try:
     def _weights(scores: Any, positions: Any, to_grid: float, table: Any, sums: Any) -> None:  # pragma: no cover
         rows, heads, group, span = scores.shape
         last = float(table.shape[0] - 1)
-        masked = -float(1 << 60)
         for rh in prange(rows * heads):
             r = rh // heads
             h = rh - r * heads
             for g in range(group):
                 row = scores[r, h, g]
-                top = masked
+                top = MASKED
                 for j in range(span):
                     if j <= positions[r] and row[j] > top:
                         top = row[j]
                 total = 0.0
                 for j in range(span):
-                    s = row[j] if j <= positions[r] else masked
-                    index = (min((top - s) * to_grid, last) + _MAGIC) - _MAGIC
+                    s = row[j] if j <= positions[r] else MASKED
+                    index = (min((top - s) * to_grid, last) + RINT_MAGIC) - RINT_MAGIC
                     row[j] = table[int(index)]
                     total += row[j]
                 sums[r, h, g] = total
@@ -187,7 +185,7 @@ try:
                     denominator = sums[r, h, g] * unit
                     for d in range(dim):
                         z[r, (h * group + g) * dim + d] = weighted[r, h, g, d] / denominator
-            steps[r] = _quantize_row(z[r], 127.0, m[r])
+            steps[r] = _quantize_row(z[r], ACT8, m[r])
 
     @numba.njit(**_STRICT)
     def _norm_digits(x: Any, roots: Any, gain: Any, z: Any, digits: Any, steps: Any) -> None:  # pragma: no cover
@@ -199,12 +197,12 @@ try:
                 a = abs(z[r, j])
                 if a > amax:
                     amax = a
-            step = (amax if amax > 0.0 else 1.0) / 32767.0
+            step = (amax if amax > 0.0 else 1.0) / ACT16
             steps[r] = step
             for j in range(n):
-                m = (z[r, j] / step + _MAGIC) - _MAGIC
-                t = (m * 0.0078125 + _MAGIC) - _MAGIC
-                top = (t * 0.0078125 + _MAGIC) - _MAGIC
+                m = (z[r, j] / step + RINT_MAGIC) - RINT_MAGIC
+                t = (m * DIGIT + RINT_MAGIC) - RINT_MAGIC
+                top = (t * DIGIT + RINT_MAGIC) - RINT_MAGIC
                 digits[r, j] = np.int8(top)
                 digits[rows + r, j] = np.int8(t - top * 128.0)
                 digits[2 * rows + r, j] = np.int8(m - t * 128.0)
@@ -243,8 +241,8 @@ def _roots(x: torch.Tensor, eps: float, squares: torch.Tensor | None = None) -> 
     docs/architecture.md, "The square root")."""
     if squares is None:
         squares = torch.empty(x.shape[0], dtype=torch.float64)
-        cache_products.report("fused.mean_squares", x)
-        cache_products.launch(_mean_squares, _np(x), float(eps), _np(squares))
+        dispatch.report("fused.mean_squares", x)
+        dispatch.launch(_mean_squares, _np(x), float(eps), _np(squares))
     return root.root(squares)
 
 
@@ -256,8 +254,8 @@ def norm_quantize(x: torch.Tensor, gain: torch.Tensor, eps: float, squares: torc
     roots = _roots(x, eps, squares)
     m = torch.empty(rows, n, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    cache_products.report("fused.norm_quantize", x, roots, gain)
-    cache_products.launch(_norm_quantize, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(m), _np(steps))
+    dispatch.report("fused.norm_quantize", x, roots, gain)
+    dispatch.launch(_norm_quantize, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(m), _np(steps))
     return m, steps
 
 
@@ -265,8 +263,8 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A linear layer's int8 activations (±127 per row) and their step."""
     m = torch.empty(x.shape, dtype=torch.int8)
     steps = torch.empty(x.shape[0], dtype=torch.float64)
-    cache_products.report("fused.quantize", x)
-    cache_products.launch(_quantize, _np(x), _np(m), _np(steps))
+    dispatch.report("fused.quantize", x)
+    dispatch.launch(_quantize, _np(x), _np(m), _np(steps))
     return m, steps
 
 
@@ -275,8 +273,8 @@ def residual(x: torch.Tensor, acc: torch.Tensor, steps: torch.Tensor, scale: tor
     """``x + linear_output(acc)``, and the sum's rows' ``mean_square + eps`` for the next RMSNorm."""
     out = torch.empty_like(x)
     squares = torch.empty(x.shape[0], dtype=torch.float64)
-    cache_products.report("fused.residual", x, acc, steps, scale)
-    cache_products.launch(_residual, _np(x), _np(acc), _np(steps), _np(scale), _bias(bias), float(eps), _np(out),
+    dispatch.report("fused.residual", x, acc, steps, scale)
+    dispatch.launch(_residual, _np(x), _np(acc), _np(steps), _np(scale), _bias(bias), float(eps), _np(out),
                           _np(squares))
     return out, squares
 
@@ -287,8 +285,8 @@ def silu_quantize(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, b
     rows, inter = acc.shape[0], acc.shape[1] // 2
     m = torch.empty(rows, inter, dtype=torch.int8)
     next_steps = torch.empty(rows, dtype=torch.float64)
-    cache_products.report("fused.silu_quantize", acc, steps, scale, table)
-    cache_products.launch(_silu_quantize, _np(acc), _np(steps), _np(scale), _bias(bias), _np(table),
+    dispatch.report("fused.silu_quantize", acc, steps, scale, table)
+    dispatch.launch(_silu_quantize, _np(acc), _np(steps), _np(scale), _bias(bias), _np(table),
                           np.empty((rows, inter)), _np(m), _np(next_steps))
     return m, next_steps
 
@@ -301,8 +299,8 @@ def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch
     q = torch.empty(rows, heads, dim, dtype=torch.float64)
     k = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
     v = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
-    cache_products.report("fused.qkv", acc, steps, scale, positions, cos, sin)
-    cache_products.launch(_qkv, _np(acc), _np(steps), _np(scale), _bias(bias), _np(positions), _np(cos), _np(sin),
+    dispatch.report("fused.qkv", acc, steps, scale, positions, cos, sin)
+    dispatch.launch(_qkv, _np(acc), _np(steps), _np(scale), _bias(bias), _np(positions), _np(cos), _np(sin),
                           float(qk_limit), float(v_limit), _np(q), _np(k), _np(v))
     return q, k, v
 
@@ -311,16 +309,16 @@ def store(k: torch.Tensor, v: torch.Tensor, cache_rows: torch.Tensor, positions:
           values: torch.Tensor) -> None:
     """Write query row ``r``'s key and value integers into cache row ``cache_rows[r]`` at ``positions[r]``
     (distinct (row, position) pairs: a verify pass writes several positions of one row)."""
-    cache_products.report("fused.store", k, v, cache_rows, positions, keys, values)
-    cache_products.launch(_store, _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values))
+    dispatch.report("fused.store", k, v, cache_rows, positions, keys, values)
+    dispatch.launch(_store, _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values))
 
 
 def weights(scores: torch.Tensor, positions: torch.Tensor, to_grid: float, table: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer attention weights in place of ``scores`` (keys past a row's position masked) and their sums."""
     sums = torch.empty(scores.shape[:3], dtype=torch.float64)
-    cache_products.report("fused.weights", scores, positions, table)
-    cache_products.launch(_weights, _np(scores), _np(positions), float(to_grid), _np(table), _np(sums))
+    dispatch.report("fused.weights", scores, positions, table)
+    dispatch.launch(_weights, _np(scores), _np(positions), float(to_grid), _np(table), _np(sums))
     return scores, sums
 
 
@@ -329,8 +327,8 @@ def normalise_quantize(weighted: torch.Tensor, sums: torch.Tensor, unit: float) 
     rows, heads, group, dim = weighted.shape
     m = torch.empty(rows, heads * group * dim, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    cache_products.report("fused.normalise_quantize", weighted, sums)
-    cache_products.launch(_normalise_quantize, _np(weighted), _np(sums), float(unit),
+    dispatch.report("fused.normalise_quantize", weighted, sums)
+    dispatch.launch(_normalise_quantize, _np(weighted), _np(sums), float(unit),
                           np.empty((rows, heads * group * dim)), _np(m), _np(steps))
     return m, steps
 
@@ -342,16 +340,16 @@ def norm_digits(x: torch.Tensor, gain: torch.Tensor, eps: float) -> tuple[torch.
     roots = _roots(x, eps)
     digits = torch.empty(3 * rows, n, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    cache_products.report("fused.norm_digits", x, roots, gain)
-    cache_products.launch(_norm_digits, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(digits), _np(steps))
+    dispatch.report("fused.norm_digits", x, roots, gain)
+    dispatch.launch(_norm_digits, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(digits), _np(steps))
     return digits, steps
 
 
 def integer_logits(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Integer logits (int64) from the output layer's three digit products (int32, ``(3·rows, vocab)``)."""
     out = torch.empty(acc.shape[0] // 3, acc.shape[1], dtype=torch.int64)
-    cache_products.report("fused.integer_logits", acc, steps, scale)
-    cache_products.launch(_integer_logits, _np(acc), _np(steps), _np(scale), _np(out))
+    dispatch.report("fused.integer_logits", acc, steps, scale)
+    dispatch.launch(_integer_logits, _np(acc), _np(steps), _np(scale), _np(out))
     return out
 
 
@@ -406,4 +404,4 @@ def _warm_up(float_products: bool) -> None:
     integer_logits(digits.to(torch.int32), steps, scale)
     _, sums = weights(torch.zeros(2, 1, 2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1.0,
                       torch.ones(5, dtype=torch.float64))
-    normalise_quantize(torch.zeros(2, 1, 2, 4, dtype=torch.float64), sums, 1024.0)
+    normalise_quantize(torch.zeros(2, 1, 2, 4, dtype=torch.float64), sums, V_UNIT)

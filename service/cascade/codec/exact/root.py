@@ -33,7 +33,7 @@ from contextvars import ContextVar
 import numpy as np
 import torch
 
-from cascade.codec.exact import cache_products
+from cascade.codec.exact import dispatch
 
 _NEUTRAL: ContextVar[bool] = ContextVar("cascade_neutral_root", default=False)
 
@@ -43,7 +43,7 @@ def machine_root(squares: torch.Tensor) -> torch.Tensor:
     row copied each way), so any device computes this machine's roots."""
     if squares.device.type == "cpu":
         return torch.sqrt(squares)
-    with cache_products.host_step("model.exact_root", squares):
+    with dispatch.host_step("root.machine_root", squares):
         return torch.sqrt(squares.cpu()).to(squares.device)
 
 

@@ -70,7 +70,8 @@ import numpy.typing as npt
 import torch
 
 from cascade.codec.container import ContainerError
-from cascade.codec.exact.cohort import Cohort, bytes_per_row_position
+from cascade.codec.exact.cache import bytes_per_row_position
+from cascade.codec.exact.cohort import Cohort
 from cascade.codec.exact.drafts import DraftSourceFactory, SegmentDrafts, ngram_source
 from cascade.codec.exact.frequencies import ESCAPE_BITS, escape_tables, frequency_tables, rank_to_token, token_intervals
 from cascade.codec.exact.model import LOGIT_FRACTION_BITS, ExactLlama
@@ -276,7 +277,7 @@ class ExactRunner:
         # for its own thread at the moment the worker first touches torch.
         self.threads = threads or torch.get_num_threads()
         self.kv_budget_bytes = kv_budget_bytes
-        self.row_position_bytes = bytes_per_row_position(model)
+        self.row_position_bytes = bytes_per_row_position(model.config, model.cache_dtype)
         self.stats = RunnerStats()
         self._requests: dict[object, _Request] = {}
         self._arrivals = itertools.count()

@@ -1,0 +1,321 @@
+"""The kernel sets the exact model's one layer loop runs on: torch operations on any device, or the
+compiled loops on the CPU. Chosen once, at load (``select_kernels``); both compute the same integers.
+
+A layer is seven steps (``model.ExactLlama._forward``), each a method here::
+
+    a = norm_quantize(x, attn_norm)              RMSNorm, then the ±127 activation grid
+    q, k, v = qkv(qkv_linear, a, positions)       the stacked q/k/v GEMM, RoPE, the 2**-10 grids
+    a = attention(q, k, v)                        packed causal (prefill) or over the cache (decode, verify)
+    x, s = residual(x, o_linear, a)               x + the output projection (s: the next RMSNorm's mean square)
+    a = norm_quantize(x, mlp_norm, s)
+    a = silu_quantize(gate_up_linear, a)          SiLU(gate)·up, then the ±127 grid
+    x, s = residual(x, down_linear, a)
+
+``Activations`` are a linear layer's input: per-row integers and their grid step (float64 integers
+and an ``(n, 1)`` step for the torch set, int8 and ``(n,)`` for the compiled one — each set reads only
+its own). ``TorchKernels`` is the definition: every operation a reviewed aten op (``audit``), on the
+model's device (the GPU path). ``CompiledKernels`` (``fused``, ``cache_products``: numba, CPU) performs
+per element the very same IEEE operations in the same order, and reads the int32 cache directly.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from cascade.codec.exact import cache_products, fused, tables
+from cascade.codec.exact.cache import KVCache
+from cascade.codec.exact.grid import FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
+from cascade.codec.exact.int8_gemm import int8_matmul
+from cascade.codec.exact.ops import QuantLinear, _scalar, quantize, rms_norm, silu
+
+Activations = tuple[torch.Tensor, torch.Tensor]
+Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], Activations]
+"""``attention(layer_index, q, k, v)``: one pass's attention (``packed_attention`` or ``cached_attention``)."""
+_QUERY_BLOCK = 128
+_SCORE_ELEMENTS = 1 << 22
+_KV_BLOCK_ELEMENTS = 1 << 18
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the kernels need of a loaded model: its head layout and its exact tables and bounds."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+    att_exp: torch.Tensor
+    sigmoid: torch.Tensor
+    qk_limit: float
+    """|q|, |k| ≤ √(2**53 / head_dim): a q·k sum stays below 2**53."""
+    v_limit: float
+    """|v| ≤ 2**53 / (2**16 · positions): a p·v sum over the longest context stays below 2**53."""
+    score_to_grid: float
+
+    @classmethod
+    def build(cls, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int, rms_norm_eps: float,
+              rope_theta: float, rope_scaling: tables.RopeScaling, max_positions: int,
+              device: torch.device) -> Geometry:
+        cos, sin = tables.rope_tables(head_dim, rope_theta, max_positions, rope_scaling)
+        return cls(num_heads, num_kv_heads, head_dim, intermediate_size, rms_norm_eps,
+                   torch.from_numpy(cos).to(device), torch.from_numpy(sin).to(device),
+                   torch.from_numpy(tables.attention_exp_table()).to(device),
+                   torch.from_numpy(tables.sigmoid_table()).to(device),
+                   qk_limit=float(min(1 << 40, math.isqrt((FP64_EXACT - 1) // head_dim))),
+                   v_limit=float(min(1 << 40, (FP64_EXACT - 1) // ((1 << tables.ATT_ONE_BITS) * max_positions))),
+                   score_to_grid=float(1 << tables.ATT_GRID_BITS) / (float(1 << (2 * QK_BITS)) * math.sqrt(head_dim)))
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """int32 when every clamp bound fits it (all but contexts under 64 positions)."""
+        return torch.int32 if max(self.v_limit, self.qk_limit) < 2**31 else torch.int64
+
+
+class Kernels(ABC):
+    """One kernel set: the layer's steps (module docstring) and the output layer's integer logits."""
+
+    name: str
+
+    def __init__(self, geometry: Geometry) -> None:
+        self.g = geometry
+
+    @abstractmethod
+    def norm_quantize(self, x: torch.Tensor, gain: torch.Tensor, squares: torch.Tensor | None = None
+                      ) -> Activations:
+        """``quantize(rms_norm(x) · gain)``; ``squares``: the rows' ``mean_square + eps`` if ``residual`` gave them."""
+
+    @abstractmethod
+    def quantize(self, x: torch.Tensor) -> Activations:
+        """The ±127 activation grid of ``x``'s rows."""
+
+    @abstractmethod
+    def qkv(self, linear: QuantLinear, a: Activations, positions: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(n, heads, D)``, keys and values ``(n, kv_heads, D)``: integers on their grids."""
+
+    @abstractmethod
+    def residual(self, x: torch.Tensor, linear: QuantLinear, a: Activations
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x + linear(a)``, and (compiled set) the sum's ``mean_square + eps`` for the next RMSNorm."""
+
+    @abstractmethod
+    def silu_quantize(self, linear: QuantLinear, a: Activations) -> Activations:
+        """``quantize(silu(gate) · up)`` of the stacked gate/up layer."""
+
+    @abstractmethod
+    def attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                      values: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, span: int
+                      ) -> Activations:
+        """Query ``j`` stores its key and value at ``positions[j]`` of cache row ``cache_rows[j]``; then
+        every query attends to its row's positions ``≤ positions[j]`` (of the first ``span``)."""
+
+    def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
+        """Integer logits in units of 2**-16 (int64)."""
+        return rint_(logits_before_rounding(hidden, gain, self.g.rms_norm_eps, head)
+                     .clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64)
+
+    # -- attention -------------------------------------------------------------------------------
+    def packed_attention(self, lengths: list[int], cache: KVCache | None, rows: list[int] | None) -> Attention:
+        """Prefill's attention: causal within each packed sequence (its keys and values written to cache
+        row ``rows[i]`` as well, when there is a cache). Torch operations in both sets."""
+        g = self.g
+
+        def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Activations:
+            out = torch.empty(q.shape[0], g.num_heads, g.head_dim, dtype=torch.float64, device=q.device)
+            start = 0
+            for si, n in enumerate(lengths):
+                qs = q[start:start + n].transpose(0, 1).reshape(g.num_kv_heads, g.group, n, g.head_dim)
+                ks, vs = (t[start:start + n].transpose(0, 1) for t in (k, v))
+                out[start:start + n] = self._causal(qs, ks, vs).view(g.num_heads, n, g.head_dim).transpose(0, 1)
+                if cache is not None and rows is not None:
+                    cache.keys[li][rows[si], :, :n] = ks
+                    cache.values[li][rows[si], :, :n] = vs
+                start += n
+            return self.quantize(out.view(q.shape[0], -1))
+
+        return attend
+
+    def cached_attention(self, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor) -> Attention:
+        """Decode and verify attention over ``cache`` (``attend_cached``)."""
+        span = int(positions.max()) + 1
+        if span > cache.capacity:
+            raise ValueError("a row's cache is full")
+
+        def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Activations:
+            return self.attend_cached(q, k, v, cache.keys[li], cache.values[li], cache_rows, positions, span)
+
+        return attend
+
+    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention of one sequence: q (kv_heads, group, L, D), k/v (kv_heads, L, D).
+
+        Queries go in blocks that see only their prefix; a block's queries of every head of a group
+        are one matrix ``(kv_heads, group·block, D)`` against the shared keys, so grouped-query
+        attention copies no keys, and a block holds at most ``_SCORE_ELEMENTS`` scores."""
+        heads, group, n, dim = q.shape
+        out = torch.empty_like(q)
+        block = max(1, min(_QUERY_BLOCK, _SCORE_ELEMENTS // max(1, q.shape[0] * group * n)))
+        for a in range(0, n, block):
+            b = min(n, a + block)
+            invalid = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).triu_(1)
+            qb = q[:, :, a:b].reshape(heads, group * (b - a), dim)
+            mask = invalid.repeat(group, 1)
+            out[:, :, a:b] = self._attend(qb, k[:, :b], v[:, :b], mask).view(heads, group, b - a, dim)
+        return out
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, invalid: torch.Tensor | None
+                ) -> torch.Tensor:
+        """q (…, Lq, D), k/v (…, Lk, D) fixed-point integers in float64; ``invalid`` (broadcastable to
+        the scores' last ``invalid.shape[-1]`` keys) marks keys a query must not see. Returns (…, Lq, D):
+        ``p·v ÷ (Σp · 2**10)``, with integer weights ``p`` (``_weights``)."""
+        p = self._weights(q @ k.transpose(-1, -2), invalid)
+        return (p @ v) / (p.sum(dim=-1, keepdim=True) * _scalar(V_UNIT, str(q.device)))
+
+    def _weights(self, scores: torch.Tensor, invalid: torch.Tensor | None) -> torch.Tensor:
+        """Integer attention weights (≤ 2**16) from exact integer scores, through the exp table
+        (``scores`` is overwritten). Masked scores become −2**60 (below any real score, |score| < 2**53),
+        so their index saturates at the table's last entry, 0."""
+        if invalid is not None:
+            scores[..., -invalid.shape[-1]:].masked_fill_(invalid, MASKED)
+        top = scores.amax(dim=-1, keepdim=True)
+        last = float(self.g.att_exp.shape[0] - 1)
+        index = rint_(torch.sub(top, scores, out=scores).mul_(self.g.score_to_grid).clamp_(max=last))
+        return self.g.att_exp[index.to(torch.int64)]
+
+
+def logits_before_rounding(hidden: torch.Tensor, gain: torch.Tensor, eps: float, head: QuantLinear
+                           ) -> torch.Tensor:
+    """The float64 logits in units of 2**-16 just before ``rint`` (what the drift check digests)."""
+    return head(rms_norm(hidden, gain, eps))
+
+
+class TorchKernels(Kernels):
+    """Torch operations on the model's device: the definition of ``exact-llama-1``, and the GPU path."""
+
+    name = "torch"
+
+    def norm_quantize(self, x: torch.Tensor, gain: torch.Tensor, squares: torch.Tensor | None = None
+                      ) -> Activations:
+        return quantize(rms_norm(x, gain, self.g.rms_norm_eps))
+
+    def quantize(self, x: torch.Tensor) -> Activations:
+        return quantize(x)
+
+    def qkv(self, linear: QuantLinear, a: Activations, positions: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = self.g
+        qkv = linear.output(linear.exact_product(a[0]), a[1])
+        n = qkv.shape[0]
+        q_end = g.num_heads * g.head_dim
+        k_end = q_end + g.num_kv_heads * g.head_dim
+        q = self._rope(qkv[:, :q_end].reshape(n, g.num_heads, g.head_dim), positions)
+        k = self._rope(qkv[:, q_end:k_end].reshape(n, g.num_kv_heads, g.head_dim), positions)
+        v = rint(qkv[:, k_end:].reshape(n, g.num_kv_heads, g.head_dim) * V_UNIT).clamp_(-g.v_limit, g.v_limit)
+        return q, k, v
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate-half RoPE of ``x`` (tokens, heads, head_dim), then onto the 2**-10 grid, clamped."""
+        half = self.g.head_dim // 2
+        cos = self.g.cos[positions][:, None, :]
+        sin = self.g.sin[positions][:, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        a = x1 * cos
+        b = x2 * sin
+        c = x2 * cos
+        d = x1 * sin
+        rotated = torch.cat([a - b, c + d], dim=-1)
+        return rint(rotated * QK_UNIT).clamp_(-self.g.qk_limit, self.g.qk_limit)
+
+    def residual(self, x: torch.Tensor, linear: QuantLinear, a: Activations
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return x + linear.output(linear.exact_product(a[0]), a[1]), None
+
+    def silu_quantize(self, linear: QuantLinear, a: Activations) -> Activations:
+        gate_up = linear.output(linear.exact_product(a[0]), a[1])
+        inter = self.g.intermediate_size
+        return quantize(silu(gate_up[:, :inter], self.g.sigmoid) * gate_up[:, inter:])
+
+    def attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                      values: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, span: int
+                      ) -> Activations:
+        """A few queries at a time: each chunk's integer keys and values become float64 in a buffer of at
+        most ``_KV_BLOCK_ELEMENTS`` (cache-resident) instead of one copy of the whole context — the same
+        values, so the same bits, at a fraction of the memory traffic."""
+        g = self.g
+        n = q.shape[0]
+        keys[cache_rows, :, positions] = k.to(keys.dtype)
+        values[cache_rows, :, positions] = v.to(values.dtype)
+        invalid = (torch.arange(span, device=q.device)[None, :] > positions[:, None])[:, None, None, :]
+        q4 = q.view(n, g.num_kv_heads, g.group, g.head_dim)
+        keys, values = keys[cache_rows], values[cache_rows]
+        chunk = max(1, _KV_BLOCK_ELEMENTS // (keys.shape[1] * span * keys.shape[3]))
+        out = torch.empty_like(q4)
+        for a in range(0, n, chunk):
+            b = min(n, a + chunk)
+            out[a:b] = self._attend(q4[a:b], keys[a:b, :, :span].to(torch.float64),
+                                    values[a:b, :, :span].to(torch.float64), invalid[a:b])
+        return quantize(out.view(n, -1))
+
+
+class CompiledKernels(Kernels):
+    """The CPU's compiled loops (``fused``, ``cache_products``): the torch set's operations, in its order."""
+
+    name = "compiled"
+
+    def norm_quantize(self, x: torch.Tensor, gain: torch.Tensor, squares: torch.Tensor | None = None
+                      ) -> Activations:
+        return fused.norm_quantize(x, gain, self.g.rms_norm_eps, squares)
+
+    def quantize(self, x: torch.Tensor) -> Activations:
+        return fused.quantize(x)
+
+    def qkv(self, linear: QuantLinear, a: Activations, positions: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = self.g
+        return fused.qkv(linear.product(a[0]), a[1], linear.scale, linear.bias, positions, g.cos, g.sin,
+                         g.num_heads, g.num_kv_heads, g.head_dim, g.qk_limit, g.v_limit)
+
+    def residual(self, x: torch.Tensor, linear: QuantLinear, a: Activations
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return fused.residual(x, linear.product(a[0]), a[1], linear.scale, linear.bias, self.g.rms_norm_eps)
+
+    def silu_quantize(self, linear: QuantLinear, a: Activations) -> Activations:
+        return fused.silu_quantize(linear.product(a[0]), a[1], linear.scale, linear.bias, self.g.sigmoid)
+
+    def attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                      values: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, span: int
+                      ) -> Activations:
+        """The int32 cache read directly: ``cache_products`` forms the exact integer products, ``fused`` the rest."""
+        g = self.g
+        fused.store(k, v, cache_rows, positions, keys, values)
+        scores = cache_products.scores(q.view(q.shape[0], g.num_kv_heads, g.group, g.head_dim), keys, span,
+                                       cache_rows)
+        p, sums = fused.weights(scores, positions, g.score_to_grid, g.att_exp)
+        return fused.normalise_quantize(cache_products.weighted(p, values, span, cache_rows), sums, V_UNIT)
+
+    def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
+        if not head.int8_gemm:
+            return super().logits(hidden, gain, head)
+        digits, steps = fused.norm_digits(hidden, gain, self.g.rms_norm_eps)
+        return fused.integer_logits(int8_matmul(digits, head.weight), steps, head.scale)
+
+
+def select_kernels(setting: str, device: torch.device, geometry: Geometry, linears: list[QuantLinear]) -> Kernels:
+    """The kernel set for ``setting`` (``fast``: the compiled loops wherever they run here — numba, the CPU,
+    an int32 cache, machine code free of FMA, checked once; ``reference``: torch's operations)."""
+    if (setting == "fast" and cache_products.usable(device, geometry.cache_dtype)
+            and fused.usable(device, float_products=not all(q.int8_gemm for q in linears))):
+        return CompiledKernels(geometry)
+    return TorchKernels(geometry)
