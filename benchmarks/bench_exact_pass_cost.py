@@ -25,8 +25,8 @@ sys.path[:0] = [str(REPO / "service"), str(REPO / "benchmarks")]
 
 import torch  # noqa: E402
 from bench_codec import MODEL_DIR  # noqa: E402
-from cascade.codec.exact.frequencies import frequency_tables  # noqa: E402
 from cascade.codec.exact.cache import KVCache  # noqa: E402
+from cascade.codec.exact.frequencies import frequency_tables  # noqa: E402
 from cascade.codec.exact.model import ExactLlama  # noqa: E402
 from cascade.codec.exact.runner import single_threaded  # noqa: E402
 
