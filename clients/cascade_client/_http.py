@@ -20,6 +20,7 @@ from cascade_client.protocol import (
     CascadeError,
     JsonCall,
     RequestSpec,
+    cut_stream,
     error_from_body,
 )
 from cascade_client.retry import RETRY_STATUSES, Attempts, RetryPolicy, retry_after_seconds
@@ -81,6 +82,11 @@ def connection_error(server: httpx.URL, exc: httpx.TransportError) -> CascadeCon
     if isinstance(exc, httpx.TimeoutException):
         return CascadeConnectionError(0, f"timed out talking to {server}: {exc}")
     return CascadeConnectionError(0, f"cannot reach {server}: {exc or type(exc).__name__}")
+
+
+def broken_stream(server: httpx.URL, exc: httpx.TransportError) -> CascadeError:
+    """A reply stream that broke after it started, naming a read timeout as a stall."""
+    return cut_stream(server, exc, stalled=isinstance(exc, httpx.TimeoutException))
 
 
 class Retrier:

@@ -21,7 +21,15 @@ import httpx
 from httpx_sse import EventSource
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, adrive, asend, client_options, request_args, transport_errors
+from cascade_client._http import (
+    ClientBase,
+    adrive,
+    asend,
+    broken_stream,
+    client_options,
+    request_args,
+    transport_errors,
+)
 from cascade_client._io import Body, Sink, Source, flush_sink, from_thread, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
@@ -135,7 +143,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
                         progress.received(len(data))
                     yield data
         except httpx.TransportError as exc:
-            raise protocol.cut_stream(self.server, exc, stalled=isinstance(exc, httpx.TimeoutException)) from exc
+            raise broken_stream(self.server, exc) from exc
         finally:
             await response.aclose()
 

@@ -18,7 +18,15 @@ import httpx
 from httpx_sse import EventSource
 
 from cascade_client import protocol
-from cascade_client._http import ClientBase, client_options, drive, request_args, send, transport_errors
+from cascade_client._http import (
+    ClientBase,
+    broken_stream,
+    client_options,
+    drive,
+    request_args,
+    send,
+    transport_errors,
+)
 from cascade_client._io import Body, Sink, Source, flush_sink, write_sink
 from cascade_client.aio import AsyncCascadeClient
 from cascade_client.duplex import SyncDuplexTransport
@@ -91,7 +99,7 @@ class CascadeClient(ClientBase[httpx.Client]):
                             progress.received(len(data))
                         yield data
             except httpx.TransportError as exc:
-                raise protocol.cut_stream(self.server, exc, stalled=isinstance(exc, httpx.TimeoutException)) from exc
+                raise broken_stream(self.server, exc) from exc
 
     def _stream(self, call: StreamCall[R], sink: Sink, source: Source, progress: Progress | None) -> R:
         for data in self._chunks(call, source, progress):
