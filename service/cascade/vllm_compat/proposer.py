@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
-from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
+from cascade.predict.draft_length import DraftLength, FixedLength
 from cascade.predict.static_text import PredictionState
 from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
@@ -88,7 +88,8 @@ class StaticTextProposer:
         prompt = getattr(request, "prompt_token_ids", None)
         if prompt is None and token_ids_cpu is not None:
             prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
-        lengths: DraftLength = ConfidenceLength(self.k) if spec.get("adaptive", True) else FixedLength(self.k)
+        # adaptive requests take ``PredictionState``'s own default, the one ``simulate`` runs
+        lengths: DraftLength | None = None if spec.get("adaptive", True) else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k)
         self.states[req_id] = state
