@@ -43,11 +43,14 @@ class SimulationResult:
 
 def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary, k: int,
              prompt: Sequence[int] | None = None, mode: Mode = "smart",
-             lengths: DraftLength | None = None) -> SimulationResult:
+             lengths: DraftLength | None = None, sampled: bool = False) -> SimulationResult:
     """Generate ``target`` with drafts from ``prediction`` (and ``prompt``, the request's prompt token
     ids, as the service passes them); the output is always ``target`` itself. The defaults are the
-    service's: the same ``PredictionState`` with the same defaults ``StaticTextProposer`` gives it."""
-    state = PredictionState(prediction, vocab, mode=mode, lengths=lengths, prompt_ids=prompt or (), k=k)
+    service's: the same ``PredictionState`` with the same defaults ``StaticTextProposer`` gives it.
+    ``sampled``: draft as for a request sampled at a temperature above 0 (the replay still accepts
+    only the target's tokens)."""
+    state = PredictionState(prediction, vocab, mode=mode, lengths=lengths, prompt_ids=prompt or (), k=k,
+                            sampled=sampled)
     result = SimulationResult(tokens=[], state=state)
     draft: list[int] = []
     while len(result.tokens) < len(target):

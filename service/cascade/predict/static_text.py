@@ -15,8 +15,11 @@ next drafts. Sources, best first:
    leading sentence without a fence, the usual re-anchoring finds it a few bytes in).
 2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
    recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
-   successor of the last few tokens (``SuccessorCounts``). Both only once the output has followed
-   the prediction: a prediction the output never follows drafts nothing at all.
+   successor of the last few tokens (``SuccessorCounts``). A greedy request copies from its first
+   step, as vLLM's n-gram proposer does (its output is the same whatever is drafted), on
+   ``min_evidence`` bytes until the output has followed the prediction. A sampled
+   request (``sampled=True``) copies only once the output has followed the prediction: a prediction
+   its output never follows drafts nothing at all, so a seed gives the sample it gives without one.
 
 The source with more evidence drafts (ties: the prediction), and ``DraftLength`` turns its evidence
 (the matched bytes plus every byte it held since) into a draft length. Sources that agree lend each
@@ -63,9 +66,10 @@ class PredictionState:
                  near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
                  min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
-                 copy_trust: float = 0.5, agreement_bonus: float = 0.75) -> None:
+                 copy_trust: float = 0.5, agreement_bonus: float = 0.75, sampled: bool = False) -> None:
         self.vocab = vocab
         self.mode = mode
+        self.sampled = sampled
         self.lengths = lengths or ConfidenceLength(k)
         self.min_evidence = min_evidence
         ids = [t for t in prediction_ids if vocab.piece(t)]
@@ -233,9 +237,9 @@ class PredictionState:
             source, evidence = "prediction", self.evidence
         copy_from: tuple[Source, int] | None = None
         continuations: list[tuple[list[int], int]] = []  # each copy's next tokens, with its n-gram's bytes
-        # the prompt and the output draft only once the output has followed the prediction: a
-        # prediction the output never follows drafts nothing at all (no cost, seeded samples unchanged)
-        copying = self.mode == "smart" and self.anchored
+        # a sampled request's prompt and output draft only once its output has followed the
+        # prediction (a useless prediction leaves its seeded samples as they are)
+        copying = self.mode == "smart" and (self.anchored or not self.sampled)
         for copy, index in self.copies.items() if copying else ():
             found = index.match(self._context)
             if found is None:
@@ -243,7 +247,10 @@ class PredictionState:
             ngram_bytes = len(text_of(self.vocab, self._context[-found.length:]))
             continuations.append((index.tokens(0)[found.position:found.position + AGREEING_TOKENS], ngram_bytes))
             matched = ngram_bytes + self.copy_held
-            if matched > evidence and matched >= self.min_copy_evidence[copy]:
+            # before the output follows the prediction a copy needs the evidence a far anchor needs
+            needed = self.min_copy_evidence[copy] if self.anchored else max(self.min_copy_evidence[copy],
+                                                                             self.min_evidence)
+            if matched > evidence and matched >= needed:
                 source, evidence, copy_from = copy, matched, (copy, found.position)
         if copying and evidence < self.successor_below:
             guess = self.successors.propose(self._context, min(limit, self.successor_tokens),

@@ -49,6 +49,14 @@ def tokenizer_vocabulary(tokenizer: Any) -> TokenizerVocabulary:
     return vocab
 
 
+def is_sampled(params: Any) -> bool:
+    """Whether vLLM samples this request (temperature above its greedy threshold) rather than taking
+    the most likely token; unknown parameters count as sampled, the cautious side."""
+    from vllm.sampling_params import SamplingType
+
+    return getattr(params, "sampling_type", SamplingType.RANDOM) != SamplingType.GREEDY
+
+
 class StaticTextProposer:
     """Drafts the next ≤ K predicted tokens for every row whose request carries a prediction."""
 
@@ -91,7 +99,8 @@ class StaticTextProposer:
         # adaptive requests take ``PredictionState``'s own default, the one ``simulate`` runs
         lengths: DraftLength | None = None if spec.get("adaptive", True) else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
-                                prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k)
+                                prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
+                                sampled=is_sampled(getattr(request, "sampling_params", None)))
         self.states[req_id] = state
         self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)

@@ -235,10 +235,14 @@ def test_a_fenced_answer_drafts_the_prediction_first_line_right_after_the_fence(
 
 def test_a_useless_prediction_is_not_retried_at_every_line_start() -> None:
     tok = ToyTokenizer()
-    state = PredictionState(tok.encode_text("zzz qqq unrelated"), tok)
-    for line in CODE.splitlines(keepends=True):
-        state.observe(tok.encode_text(line))
-        assert state.propose(8) == []
+    for sampled in (False, True):
+        state = PredictionState(tok.encode_text("zzz qqq unrelated"), tok, sampled=sampled)
+        for line in CODE.splitlines(keepends=True):
+            state.observe(tok.encode_text(line))
+            draft = state.propose(8)
+            assert state.last_source != "prediction"
+            assert draft == [] or not sampled
+        assert state.drafted_by_source["prediction"] == 0
 
 
 def test_collapse_blank_lines_strips_trailing_space_and_blank_runs() -> None:
@@ -256,11 +260,20 @@ def test_new_code_shaped_like_the_prompt_is_drafted_from_the_prompt() -> None:
     assert copied >= 10
 
 
-def test_a_prediction_the_output_never_follows_drafts_nothing() -> None:
+def test_a_sampled_request_whose_output_never_follows_the_prediction_drafts_nothing() -> None:
     target, _, tok = _pair(CODE, CODE)
-    result = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, prompt=target)
+    result = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, prompt=target, sampled=True)
     assert result.accepted == result.prediction_accepted == 0
     assert result.proposed == result.prediction_rejected <= 8 * CODE.count("\n")
+
+
+def test_a_greedy_request_copies_from_its_prompt_even_when_the_prediction_is_useless() -> None:
+    target, _, tok = _pair(CODE, CODE)
+    result = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, prompt=target)
+    assert result.state is not None
+    assert result.prediction_accepted == 0
+    assert result.state.accepted_by_source["prompt"] > len(target) // 2
+    assert result.steps < len(target) // 2
 
 
 def test_usage_counts_only_drafts_from_the_prediction() -> None:
