@@ -41,7 +41,7 @@ from typing import Any, Literal
 from cascade.predict.draft_length import ConfidenceLength, DraftLength
 from cascade.predict.prediction_text import PredictionText, collapse_blank_lines
 from cascade.predict.successor_counts import SuccessorCounts
-from cascade.predict.token_source import TokenNgramSource
+from cascade.predict.token_source import NgramMatch, TokenNgramSource
 from cascade.predict.vocabulary import Vocabulary, text_of
 
 Mode = Literal["smart", "prefix"]
@@ -150,10 +150,20 @@ class PredictionState:
             self.accepted_by_source[self.last_source] += accepted
         return accepted
 
+    def _cut_short(self, new_tokens: Sequence[int], accepted: int) -> bool:
+        """Whether the engine's own token, where it rejected the draft, spells only the start of the
+        drafted token (`` mid`` for `` middle``): the text still agrees, but the model turned down the
+        predicted token, so the prediction is most likely being edited right here (a rename)."""
+        if accepted >= len(self.last_proposal) or accepted >= len(new_tokens):
+            return False
+        got, wanted = self.vocab.piece(new_tokens[accepted]), self.vocab.piece(self.last_proposal[accepted])
+        return len(got) < len(wanted) and wanted.startswith(got)
+
     def observe(self, new_tokens: Sequence[int]) -> None:
         """The tokens the engine accepted this step (accepted drafts plus its own next token)."""
         accepted = self._count_accepted(new_tokens)
         proposed = len(self.last_proposal)
+        cut_short = self._cut_short(new_tokens, accepted)
         data = text_of(self.vocab, new_tokens)
         copied = self.last_source in ("prompt", "output") and accepted == proposed > 0
         self.copy_held = self.copy_held + len(data) if copied else 0
@@ -166,7 +176,7 @@ class PredictionState:
             self._context = (self._context + list(new_tokens))[-self.copies["output"].max_n:]
         if self.cursor >= 0 and self.text.startswith(data, self.cursor):
             self.cursor += len(data)
-            self.evidence += len(data)
+            self.evidence = 0 if cut_short else self.evidence + len(data)
             self.anchored = True
             if accepted < proposed:  # the model split the text differently: re-tokenise from here
                 self.spellings[self.spelling].forget_tokens(self.cursor)
@@ -235,7 +245,7 @@ class PredictionState:
         evidence = 0
         if 0 <= self.cursor < len(self.text):
             source, evidence = "prediction", self.evidence
-        copy_from: tuple[Source, int] | None = None
+        copy_from: tuple[Source, NgramMatch] | None = None
         continuations: list[tuple[list[int], int]] = []  # each copy's next tokens, with its n-gram's bytes
         # a sampled request's prompt and output draft only once its output has followed the
         # prediction (a useless prediction leaves its seeded samples as they are)
@@ -251,7 +261,7 @@ class PredictionState:
             needed = self.min_copy_evidence[copy] if self.anchored else max(self.min_copy_evidence[copy],
                                                                              self.min_evidence)
             if matched > evidence and matched >= needed:
-                source, evidence, copy_from = copy, matched, (copy, found.position)
+                source, evidence, copy_from = copy, matched, (copy, found)
         if copying and evidence < self.successor_below:
             guess = self.successors.propose(self._context, min(limit, self.successor_tokens),
                                             self.min_successor_probability)
@@ -266,8 +276,8 @@ class PredictionState:
             draft = self.spellings[self.spelling].tokens_at(self.cursor, n)
         else:
             assert copy_from is not None
-            copy, position = copy_from
-            draft = self.copies[copy].tokens(0)[position:position + n]
+            copy, found = copy_from
+            draft = self.copies[copy].continuation(found, n, looping=copy == "output")
             if 0 <= self.cursor < len(self.text):
                 # a copy that continues the prediction's own text lends it no length: where the
                 # prediction's draft is longer and agrees with the copy's, the prediction drafts

@@ -117,6 +117,18 @@ class TokenNgramSource:
                 return NgramMatch(key, position, n)
         return None
 
+    def continuation(self, found: NgramMatch, k: int, looping: bool = False) -> list[int]:
+        """Up to ``k`` tokens after ``found``. ``looping``: the indexed sequence is the context itself
+        (an output indexing its own tokens), so a continuation that runs into its end has found the
+        output repeating the stretch since the match, and the stretch repeats on: a loop of a few
+        tokens drafts as far as a long one (what matching the earliest occurrence gives vLLM's n-gram)."""
+        sequence = self._sequences[found.key]
+        out = sequence[found.position:found.position + k]
+        if looping and 0 < len(out) < k:
+            period = len(out)
+            out = [out[i % period] for i in range(k)]
+        return out
+
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest recent n-gram ending ``context``; [] when no match."""
         if k <= 0:
