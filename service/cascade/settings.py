@@ -73,9 +73,9 @@ class Settings(BaseSettings):
         "and the decoded text) a lane verifies in one pass; decoded bytes and containers are the same for any value "
         "(0: one token per step).")
     codec_interleave_tokens: int = Field(
-        64, ge=1, description="Wall-clock fairness: while the exact codec decodes, compression prefill runs on a "
-        "credit of this many tokens per decode step (over S steps at most S × this + codec_prefill_tokens + one "
-        "chunk of prefill sits between them); without decoding, chunks run back to back.")
+        16, ge=1, description="Wall-clock fairness: while the exact codec decodes, compression prefill runs on a "
+        "credit of this many tokens per row of each decode step (over steps that fed R rows at most R × this + "
+        "codec_prefill_tokens + one chunk of prefill sits between them); without decoding, chunks run back to back.")
     codec_threads: int = Field(0, ge=0, description="Threads of the codec's matrix products (0: torch's default).")
     codec_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the exact codec computes. auto: the engines' device if it passes the codec's "

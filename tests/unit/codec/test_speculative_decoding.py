@@ -156,8 +156,8 @@ def test_speculation_leaves_no_rows_behind(max_draft: int) -> None:
 @pytest.mark.parametrize("interleave", [8, 10_000])
 def test_compression_prefill_between_decode_steps_stays_within_its_credit(interleave: int) -> None:
     """Counted, not timed: while a 60-step decode runs beside a queued 1,300-token compression, the
-    prefill run between its steps is at most ``steps · interleave_tokens + prefill_tokens`` plus one
-    chunk (the bound a waiting decode step gets, in tokens of work ahead of it) — and compression
+    prefill run between its steps is at most ``rows fed · interleave_tokens + prefill_tokens`` plus
+    one chunk (the bound a waiting decode step gets, in tokens of work ahead of it) — and compression
     still progresses. With an unbounded credit (the old schedule) a chunk runs every step."""
     prefill = 64
     runner = ExactRunner(tiny_model(), VOCAB, max_draft=0, prefill_tokens=prefill, interleave_tokens=interleave)
@@ -169,13 +169,15 @@ def test_compression_prefill_between_decode_steps_stays_within_its_credit(interl
         flood = [asyncio.ensure_future(runner.encode([1], split_lanes(t, 20), 16, 32, request="upload"))
                  for t in uploads]
         await asyncio.sleep(0)
-        steps, spent = runner.stats.decode_steps, runner.stats.interleaved_prefill_tokens
+        steps, rows, spent = (runner.stats.decode_steps, runner.stats.row_steps,
+                              runner.stats.interleaved_prefill_tokens)
         assert await runner.decode([1], [60], coded.payload, 16, 32, request="small") == [lane]
         steps = runner.stats.decode_steps - steps
+        rows = runner.stats.row_steps - rows
         spent = runner.stats.interleaved_prefill_tokens - spent
-        assert steps == 60 and spent > 0
+        assert steps == 60 and rows >= steps and spent > 0
         if interleave == 8:
-            assert spent <= steps * interleave + prefill + prefill
+            assert spent <= rows * interleave + prefill + prefill
         else:
             assert spent > 10 * prefill
         await asyncio.gather(*flood)

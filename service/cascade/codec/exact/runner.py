@@ -11,10 +11,12 @@ The worker loops in *steps*. Each step it
    with all its rows at once and only its own future gets the error;
 3. runs at most one compression *chunk*: prefill of whole lanes of waiting segments, at most
    ``prefill_tokens`` tokens (at least one lane), so compression interleaves with decoding — while
-   rows decode, only on credit (``_may_prefill``): over any ``S`` decode steps at most
-   ``S · interleave_tokens + prefill_tokens`` tokens of prefill plus one chunk run between them, the
-   wall-clock bound of a waiting decode step in tokens of work ahead of it (a 1 KB decompress
-   beside a large compression waits behind ~64 tokens of prefill per step, not ~1,024).
+   rows decode, only on credit (``_may_prefill``): over any decode steps that fed ``R`` rows in
+   all, at most ``R · interleave_tokens + prefill_tokens`` tokens of prefill plus one chunk run
+   between them, the wall-clock bound of a waiting decode step in tokens of work ahead of it (a
+   1 KB decompress, one row, beside a large compression waits behind ~16 tokens of prefill per
+   step, not ~1,024; a full cohort of 32 rows lets 512 through, so compression keeps its pace
+   beside heavy decoding).
 
 **Speculation.** Each decode step feeds every row its pending token and a draft of the tokens after
 it (``drafts``: n-grams of the context and the segment's decoded lanes) in one exact multi-position
@@ -258,11 +260,12 @@ class ExactRunner:
     ``max_draft``: the longest draft a lane verifies per step (0: no speculation, one token per step);
     ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones);
     ``pass_positions``: drafts fill a decode pass up to this many positions (rows + draft tokens);
-    ``interleave_tokens``: compression prefill tokens per decode step while rows decode (``_may_prefill``)."""
+    ``interleave_tokens``: compression prefill tokens per decoded row of a step while rows decode
+    (``_may_prefill``)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
-                 draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 64,
+                 draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 16,
                  pass_positions: int = 32) -> None:
         self.model = model
         self.max_draft = max(0, max_draft)
@@ -488,9 +491,9 @@ class ExactRunner:
 
     def _may_prefill(self, admitted: list[_DecodeJob]) -> bool:
         """Whether a compression chunk runs this step (wall-clock fairness): while rows decode, chunks
-        run on credit — each decode step earns ``interleave_tokens``, each chunk spends its tokens — so
-        over any ``S`` decode steps at most ``S · interleave_tokens`` tokens of compression prefill plus
-        one chunk (≤ ``prefill_tokens``, or one lane) run between them. Without decoding rows, chunks
+        run on credit — each decode step earns ``interleave_tokens`` per row it fed, each chunk spends
+        its tokens — so over decode steps that fed ``R`` rows at most ``R · interleave_tokens`` tokens
+        of compression prefill plus one chunk (≤ ``prefill_tokens``, or one lane) run between them. Without decoding rows, chunks
         run back to back."""
         if not len(self._cohort) and not admitted:
             self._prefill_credit = 0
@@ -573,7 +576,7 @@ class ExactRunner:
         picked = time.perf_counter()
         # counted before any job is answered (a caller may read them as soon as its future is done)
         self.stats.decode_steps += 1
-        self._prefill_credit = min(self.prefill_tokens, self._prefill_credit + self.interleave_tokens)
+        self._prefill_credit = min(self.prefill_tokens, self._prefill_credit + self.interleave_tokens * len(drafts))
         self.stats.row_steps += len(drafts)
         self.stats.drafted_tokens += sum(len(d) for d in drafts)
         decoded, keep = self._pick(hidden, starts, drafts)
