@@ -493,8 +493,8 @@ class ExactRunner:
         """Whether a compression chunk runs this step (wall-clock fairness): while rows decode, chunks
         run on credit — each decode step earns ``interleave_tokens`` per row it fed, each chunk spends
         its tokens — so over decode steps that fed ``R`` rows at most ``R · interleave_tokens`` tokens
-        of compression prefill plus one chunk (≤ ``prefill_tokens``, or one lane) run between them. Without decoding rows, chunks
-        run back to back."""
+        of compression prefill plus one chunk (≤ ``prefill_tokens``, or one lane) run between them.
+        Without decoding rows, chunks run back to back."""
         if not len(self._cohort) and not admitted:
             self._prefill_credit = 0
             return True
