@@ -130,3 +130,32 @@ def test_long_appends_match_the_brute_force_reference(head: list[int], long: lis
         slow.add(key, tokens)
     assert fast.propose(context, k) == slow.propose(context, k)
     assert fast.propose(long, k) == slow.propose(long, k)
+
+
+def test_an_output_copy_that_runs_into_its_own_end_repeats_the_loop() -> None:
+    source = TokenNgramSource(2, 4)
+    output = [7, 1, 2, 1, 2, 1, 2]
+    source.add("output", output)
+    found = source.match(output)
+    assert found is not None
+    assert source.continuation(found, 6) == [1, 2]  # the recorded continuation stops at the end
+    assert source.continuation(found, 6, looping=True) == [1, 2, 1, 2, 1, 2]
+
+
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=40), st.integers(1, 20))
+@settings(max_examples=200, deadline=None)
+def test_a_looping_continuation_is_what_copying_token_by_token_would_draft(output: list[int], k: int) -> None:
+    """Drafting ``looping`` continuations equals re-matching after each drafted token as if it had
+    been written, while the continuation would run off the output's end."""
+    source = TokenNgramSource(1, 1)
+    source.add("output", output)
+    found = source.match(output)
+    if found is None:
+        return
+    draft = source.continuation(found, k, looping=True)
+    assert len(draft) == k
+    period = len(output) - found.position
+    extended = list(output)
+    for token in draft:
+        assert token == extended[len(extended) - period]
+        extended.append(token)
