@@ -7,13 +7,14 @@ next drafts. Sources, best first:
    prediction's text (whatever the token boundaries). When the output leaves it, the cursor is
    re-anchored at once and after every later token, inside lines: the longest suffix of the output's
    recent bytes that occurs in the prediction, nearest to where the output was expected to be
-   (``PredictionText.anchor``). It drafts only with enough evidence (``min_evidence`` bytes); no line
-   is ever skipped blindly. A drafted token the model cut short (`` mid`` for `` middle``) resets
-   the evidence: the text agrees, but an edit most likely starts there. A second spelling of the
-   prediction without trailing whitespace and with blank-line runs collapsed lets an answer that
-   writes one blank line where the file has two keep its place (the spelling with the longer match wins, ties keep the current one). Before anything
-   anchored, an output line that opens a code fence anchors at the prediction's first line (after a
-   leading sentence without a fence, the usual re-anchoring finds it a few bytes in).
+   (``PredictionText.anchor``). It drafts only with enough evidence (``min_evidence`` bytes); no
+   line is ever skipped blindly. A drafted token the model cut short (`` mid`` for `` middle``)
+   resets the evidence: the text agrees, but an edit most likely starts there. A second spelling of
+   the prediction without trailing whitespace and with blank-line runs collapsed lets an answer that
+   writes one blank line where the file has two keep its place (the spelling with the longer match
+   wins, ties keep the current one). Before anything anchored, an output line that opens a code
+   fence anchors at the prediction's first line (after a leading sentence without a fence, the usual
+   re-anchoring finds it a few bytes in).
 2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
    recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
    successor of the last few tokens (``SuccessorCounts``). A greedy request copies from its first
