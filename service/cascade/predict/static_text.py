@@ -8,13 +8,11 @@ next drafts. Sources, best first:
    re-anchored at once and after every later token, inside lines: the longest suffix of the output's
    recent bytes that occurs in the prediction, nearest to where the output was expected to be
    (``PredictionText.anchor``). It drafts only with enough evidence (``min_evidence`` bytes); no
-   line is ever skipped blindly. A drafted token the model cut short (`` mid`` for `` middle``)
-   resets the evidence: the text agrees, but an edit most likely starts there. A second spelling of
-   the prediction without trailing whitespace and with blank-line runs collapsed lets an answer that
-   writes one blank line where the file has two keep its place (the spelling with the longer match
-   wins, ties keep the current one). Before anything anchored, an output line that opens a code
-   fence anchors at the prediction's first line (after a leading sentence without a fence, the usual
-   re-anchoring finds it a few bytes in).
+   line is ever skipped blindly. A second spelling of the prediction without trailing whitespace and
+   with blank-line runs collapsed lets an answer that writes one blank line where the file has two
+   keep its place (the spelling with the longer match wins, ties keep the current one). Before
+   anything anchored, an output line that opens a code fence anchors at the prediction's first line
+   (after a leading sentence without a fence, the usual re-anchoring finds it a few bytes in).
 2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
    recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
    successor of the last few tokens (``SuccessorCounts``). A greedy request copies from its first
@@ -152,20 +150,10 @@ class PredictionState:
             self.accepted_by_source[self.last_source] += accepted
         return accepted
 
-    def _cut_short(self, new_tokens: Sequence[int], accepted: int) -> bool:
-        """Whether the engine's own token, where it rejected the draft, spells only the start of the
-        drafted token (`` mid`` for `` middle``): the text still agrees, but the model turned down the
-        predicted token, so the prediction is most likely being edited right here (a rename)."""
-        if accepted >= len(self.last_proposal) or accepted >= len(new_tokens):
-            return False
-        got, wanted = self.vocab.piece(new_tokens[accepted]), self.vocab.piece(self.last_proposal[accepted])
-        return len(got) < len(wanted) and wanted.startswith(got)
-
     def observe(self, new_tokens: Sequence[int]) -> None:
         """The tokens the engine accepted this step (accepted drafts plus its own next token)."""
         accepted = self._count_accepted(new_tokens)
         proposed = len(self.last_proposal)
-        cut_short = self._cut_short(new_tokens, accepted)
         data = text_of(self.vocab, new_tokens)
         copied = self.last_source in ("prompt", "output") and accepted == proposed > 0
         self.copy_held = self.copy_held + len(data) if copied else 0
@@ -178,7 +166,7 @@ class PredictionState:
             self._context = (self._context + list(new_tokens))[-self.copies["output"].max_n:]
         if self.cursor >= 0 and self.text.startswith(data, self.cursor):
             self.cursor += len(data)
-            self.evidence = 0 if cut_short else self.evidence + len(data)
+            self.evidence += len(data)
             self.anchored = True
             if accepted < proposed:  # the model split the text differently: re-tokenise from here
                 self.spellings[self.spelling].forget_tokens(self.cursor)

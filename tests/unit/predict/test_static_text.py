@@ -395,17 +395,3 @@ def test_a_fenced_answer_that_keeps_the_files_blank_lines_returns_to_the_exact_s
     assert result.tokens == tok.encode_text(answer)
     assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 12
 
-
-def test_a_draft_token_the_model_cuts_short_resets_the_anchors_evidence() -> None:
-    """`` mid`` written where `` middle`` was drafted: the text still agrees, but a rename is likely under
-    way, so the prediction drafts short again instead of its long-held length."""
-    tok = ToyTokenizer()
-    text = "    middle = (low + high) // 2\n    return middle\n"
-    state = PredictionState(tok.encode_text(text), tok, k=32)
-    first = tok.encode_text("    ")
-    state.observe(first)
-    draft = state.propose(32)
-    assert draft[0] == tok.id("middle") and len(draft) > 4
-    state.observe([tok.id("mid")])
-    assert state.cursor == len(b"    mid")
-    assert len(state.propose(32)) <= 2
