@@ -245,11 +245,11 @@ class PredictionState:
             if found is None:
                 continue
             ngram_bytes = len(text_of(self.vocab, self._context[-found.length:]))
-            continuations.append((index.tokens(0)[found.position:found.position + AGREEING_TOKENS], ngram_bytes))
+            continuations.append((index.continuation(found, AGREEING_TOKENS), ngram_bytes))
             matched = ngram_bytes + self.copy_held
-            # before the output follows the prediction a copy needs the evidence a far anchor needs
-            needed = self.min_copy_evidence[copy] if self.anchored else max(self.min_copy_evidence[copy],
-                                                                             self.min_evidence)
+            needed = self.min_copy_evidence[copy]
+            if not self.anchored:  # before the output follows the prediction: what a far anchor needs
+                needed = max(needed, self.min_evidence)
             if matched > evidence and matched >= needed:
                 source, evidence, copy_from = copy, matched, (copy, found)
         if copying and evidence < self.successor_below:

@@ -136,4 +136,4 @@ class TokenNgramSource:
         found = self.match(context)
         if found is None:
             return []
-        return self._sequences[found.key][found.position:found.position + k]
+        return self.continuation(found, k)

@@ -394,4 +394,3 @@ def test_a_fenced_answer_that_keeps_the_files_blank_lines_returns_to_the_exact_s
     assert result.state is not None and result.state.spelling == 0
     assert result.tokens == tok.encode_text(answer)
     assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 12
-

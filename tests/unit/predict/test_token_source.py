@@ -145,8 +145,8 @@ def test_an_output_copy_that_runs_into_its_own_end_repeats_the_loop() -> None:
 @given(st.lists(st.integers(0, 3), min_size=2, max_size=40), st.integers(1, 20))
 @settings(max_examples=200, deadline=None)
 def test_a_looping_continuation_is_what_copying_token_by_token_would_draft(output: list[int], k: int) -> None:
-    """Drafting ``looping`` continuations equals re-matching after each drafted token as if it had
-    been written, while the continuation would run off the output's end."""
+    """A ``looping`` draft is always ``k`` long and reads the output on from the match: each drafted
+    token is the one a period (output length − match position) before it, drafted tokens included."""
     source = TokenNgramSource(1, 1)
     source.add("output", output)
     found = source.match(output)
