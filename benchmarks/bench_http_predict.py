@@ -56,7 +56,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,7 @@ class Arm:
     model: str
     predict: bool
     metrics_url: str | None = None  # a vLLM server's /metrics (spec-decode counters)
+    user: str | None = None  # Cascade: the response-cache scope of the requests (OpenAI ``user``)
 
 
 @dataclass
@@ -142,6 +143,8 @@ async def chat(arm: Arm, task: ChatTask, max_tokens: int) -> Reply:
     extra: dict[str, Any] = {}
     if arm.predict:
         extra["prediction"] = {"type": "content", "content": task.prediction}
+    if arm.user:
+        extra["user"] = arm.user
     start = time.perf_counter()
     response = await arm.client.chat.completions.create(
         model=arm.model, messages=[{"role": "user", "content": task.message}], temperature=0,
@@ -385,7 +388,8 @@ async def run_edits(args: argparse.Namespace) -> None:
         async def with_peer(label: str, spec: dict[str, Any], python: str, arms: list[Arm], items: list[ChatTask],
                             levels: list[int]) -> dict[int, dict[str, Tally]]:
             """A fresh peer server per concurrency level: suffix decoding caches earlier responses, and
-            the same tasks answered again would be drafted from its cache."""
+            the same tasks answered again would be drafted from its cache. Cascade caches them too (per
+            ``user``): its arm gets a fresh ``user`` per run of the tasks, a fresh cache."""
             out = {}
             for concurrency in levels:
                 server = await asyncio.to_thread(start_vllm, model_path, args.model, free_port(), log_dir, flags,
@@ -393,7 +397,8 @@ async def run_edits(args: argparse.Namespace) -> None:
                 try:
                     peer = Arm(label, client_for(server), args.model, predict=False,
                                metrics_url=server.base_url + "/metrics")
-                    out[concurrency] = await measure([*arms, peer], items, concurrency, args.max_tokens, label)
+                    fresh = [replace(arm, user=f"{label} c={concurrency}") if arm.predict else arm for arm in arms]
+                    out[concurrency] = await measure([*fresh, peer], items, concurrency, args.max_tokens, label)
                 finally:
                     await asyncio.to_thread(stop_server, server)
             return out

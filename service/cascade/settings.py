@@ -56,6 +56,10 @@ class Settings(BaseSettings):
         None, gt=0.0, le=0.98, description="Memory fraction of the prediction engine (default: memory_fraction)."
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
+    prediction_response_cache_tokens: int = Field(
+        65536, ge=0, description="Tokens of earlier responses to `prediction` requests kept per prediction engine "
+        "as a draft source, per `user` (0: off; speed then reveals nothing across requests)."
+    )
     # codec
     enable_codec: bool = Field(True, description="Serve the exact codec (/compress, /decompress).")
     codec_max_rows: int = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from cascade.api.errors import APIError
@@ -63,4 +64,12 @@ async def predicted(body: ChatCompletionRequest | CompletionRequest, engines: En
     if len(ids) > settings.max_prediction_tokens:
         raise APIError(400, f"prediction is longer than {settings.max_prediction_tokens} tokens "
                             f"({len(ids)})", param="prediction")
-    return Prediction(tuple(ids), body.prediction_mode)
+    return Prediction(tuple(ids), body.prediction_mode, scope=response_scope(body.user))
+
+
+def response_scope(user: str | None) -> str:
+    """The response-cache scope of a request: its OpenAI ``user`` as a digest (any length of id costs
+    the engine 16 bytes), or the anonymous scope."""
+    if not user:
+        return ""
+    return hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()[:16]

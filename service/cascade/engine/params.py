@@ -46,7 +46,7 @@ def _extra_args(request: GenerationRequest) -> dict[str, Any] | None:
         return export_extra_args()
     if request.prediction is not None:
         p = request.prediction
-        return prediction_extra_args(list(p.token_ids), p.mode, p.adaptive)
+        return prediction_extra_args(list(p.token_ids), p.mode, p.adaptive, p.scope)
     return None
 
 

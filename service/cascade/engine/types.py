@@ -31,6 +31,7 @@ class Prediction:
     token_ids: tuple[int, ...]
     mode: str = "smart"
     adaptive: bool = True
+    scope: str = ""  # whose earlier responses it may draft from (``ResponseCache``): the request's ``user``
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from cascade.predict.draft_length import DraftLength
 from cascade.predict.static_text import Mode, PredictionState
+from cascade.predict.token_source import TokenNgramSource
 from cascade.predict.vocabulary import Vocabulary
 
 
@@ -43,14 +44,16 @@ class SimulationResult:
 
 def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary, k: int,
              prompt: Sequence[int] | None = None, mode: Mode = "smart",
-             lengths: DraftLength | None = None, sampled: bool = False) -> SimulationResult:
+             lengths: DraftLength | None = None, sampled: bool = False,
+             responses: TokenNgramSource | None = None) -> SimulationResult:
     """Generate ``target`` with drafts from ``prediction`` (and ``prompt``, the request's prompt token
     ids, as the service passes them); the output is always ``target`` itself. The defaults are the
     service's: the same ``PredictionState`` with the same defaults ``StaticTextProposer`` gives it.
     ``sampled``: draft as for a request sampled at a temperature above 0 (the replay still accepts
-    only the target's tokens)."""
+    only the target's tokens). ``responses``: earlier responses to draft from, as the service's response
+    cache gives them (``ResponseCache.source``; None: a lone request on a fresh service)."""
     state = PredictionState(prediction, vocab, mode=mode, lengths=lengths, prompt_ids=prompt or (), k=k,
-                            sampled=sampled)
+                            sampled=sampled, responses=responses)
     result = SimulationResult(tokens=[], state=state)
     draft: list[int] = []
     while len(result.tokens) < len(target):

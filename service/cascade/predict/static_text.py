@@ -20,6 +20,8 @@ next drafts. Sources, best first:
    ``min_evidence`` bytes until the output has followed the prediction. A sampled
    request (``sampled=True``) copies only once the output has followed the prediction: a prediction
    its output never follows drafts nothing at all, so a seed gives the sample it gives without one.
+   Earlier responses of the same ``user`` (``responses``, the engine's ``ResponseCache``) are copied
+   the same way: what suffix decoding's global tree gives vLLM, for retries and repeated edits.
 
 The source with more evidence drafts (ties: the prediction), and ``DraftLength`` turns its evidence
 (the matched bytes plus every byte it held since) into a draft length. Sources that agree lend each
@@ -45,8 +47,8 @@ from cascade.predict.token_source import NgramMatch, TokenNgramSource
 from cascade.predict.vocabulary import Vocabulary, text_of
 
 Mode = Literal["smart", "prefix"]
-Source = Literal["prediction", "prompt", "output", "successors"]
-SOURCES: tuple[Source, ...] = ("prediction", "prompt", "output", "successors")
+Source = Literal["prediction", "prompt", "output", "responses", "successors"]
+SOURCES: tuple[Source, ...] = ("prediction", "prompt", "output", "responses", "successors")
 TAIL_BYTES = 256
 NEWLINE = b"\n"
 AGREEING_TOKENS = 2  # a copy agrees with the prediction when its next tokens are the prediction's draft's first
@@ -66,7 +68,8 @@ class PredictionState:
                  near_bytes: int = 256, min_near_evidence: int = 4, far_margin: int = 8,
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
                  min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
-                 copy_trust: float = 0.5, agreement_bonus: float = 0.75, sampled: bool = False) -> None:
+                 copy_trust: float = 0.5, agreement_bonus: float = 0.75, sampled: bool = False,
+                 responses: TokenNgramSource | None = None, min_response_evidence: int = 0) -> None:
         self.vocab = vocab
         self.mode = mode
         self.sampled = sampled
@@ -89,9 +92,12 @@ class PredictionState:
         self.near_bytes = near_bytes
         self.min_near_evidence = min_near_evidence
         self.far_margin = far_margin
-        self.min_copy_evidence = {"prompt": min_prompt_evidence, "output": min_output_evidence}
+        self.min_copy_evidence = {"prompt": min_prompt_evidence, "output": min_output_evidence,
+                                  "responses": min_response_evidence}
         self.copies: dict[Source, TokenNgramSource] = {
             "prompt": TokenNgramSource(ngram_min, ngram_max), "output": TokenNgramSource(ngram_min, ngram_max)}
+        if mode == "smart" and responses is not None:
+            self.copies["responses"] = responses  # shared, read only here
         self._context: list[int] = list(prompt_ids[-ngram_max:])
         self.successors = SuccessorCounts(successor_n)
         self.min_successor_probability = min_successor_probability
@@ -113,6 +119,11 @@ class PredictionState:
     @property
     def text(self) -> bytes:
         return self.spellings[self.spelling].text
+
+    @property
+    def output_tokens(self) -> list[int]:
+        """The tokens written so far (what a finished request leaves to the response cache)."""
+        return self.copies["output"].tokens(0)
 
     @property
     def proposed(self) -> int:
@@ -155,7 +166,7 @@ class PredictionState:
         accepted = self._count_accepted(new_tokens)
         proposed = len(self.last_proposal)
         data = text_of(self.vocab, new_tokens)
-        copied = self.last_source in ("prompt", "output") and accepted == proposed > 0
+        copied = self.last_source in ("prompt", "output", "responses") and accepted == proposed > 0
         self.copy_held = self.copy_held + len(data) if copied else 0
         self.last_proposal, self.last_source = [], None
         self.tail = (self.tail + data)[-TAIL_BYTES:]

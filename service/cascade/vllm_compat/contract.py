@@ -67,7 +67,8 @@ CHECKS: tuple[Check, ...] = (
     Check("RequestOutputKind", "attrs", ("DELTA", "FINAL_ONLY")),
     Check("StructuredOutputsParams", "fields", ("grammar",)),  # api/structured.py
     Check("AsyncEngineArgs", "fields", ("worker_extension_cls", "per_request_spec_decode_metrics",
-                                        "kv_cache_memory_bytes", "speculative_config", "max_logprobs")),
+                                        "kv_cache_memory_bytes", "speculative_config", "max_logprobs",
+                                        "additional_config")),
     Check("AsyncLLM", "attrs", ("from_engine_args", "collective_rpc", "generate", "get_tokenizer", "errored",
                                 "get_num_unfinished_requests", "shutdown")),
     Check("AsyncLLM", "params", ("self", "method", "timeout", "args", "kwargs"), "collective_rpc"),

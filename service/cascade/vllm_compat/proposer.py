@@ -15,10 +15,11 @@ from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
 from cascade.predict.draft_length import DraftLength, FixedLength
+from cascade.predict.response_cache import ResponseCache
 from cascade.predict.static_text import PredictionState
 from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
-from cascade.vllm_compat.request_keys import prediction_spec
+from cascade.vllm_compat.request_keys import RESPONSE_CACHE_KEY, prediction_spec
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 PROPOSER = "cascade.vllm_compat.proposer.StaticTextProposer"
@@ -69,6 +70,9 @@ class StaticTextProposer:
         tokenizer = get_tokenizer(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
         self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
+        self.scopes: dict[str, str] = {}
+        self.responses = ResponseCache(
+            int((getattr(vllm_config, "additional_config", None) or {}).get(RESPONSE_CACHE_KEY, 0)))
         self.logs: dict[str, PredictionDebugLog] = {}
         self.ledgers: dict[str, PredictionLedger] = {}
         self.finished_ledgers = FinishedLedgers()
@@ -100,8 +104,10 @@ class StaticTextProposer:
         lengths: DraftLength | None = None if spec.get("adaptive", True) else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
-                                sampled=is_sampled(getattr(request, "sampling_params", None)))
+                                sampled=is_sampled(getattr(request, "sampling_params", None)),
+                                responses=self.responses.source(spec.get("scope", "")))
         self.states[req_id] = state
+        self.scopes[req_id] = spec.get("scope", "")
         self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
         if log is not None:
@@ -118,7 +124,10 @@ class StaticTextProposer:
         finished = [r for r in self.states if r not in self._requests]
         finished += [r for r in self.logs if r not in self._requests and r not in self.states]
         for req_id in finished:
-            self.states.pop(req_id, None)
+            state = self.states.pop(req_id, None)
+            scope = self.scopes.pop(req_id, "")
+            if state is not None:
+                self.responses.add(scope, state.output_tokens)
             ledger = self.ledgers.pop(req_id, None)
             if ledger is not None:
                 self.finished_ledgers.put(external_id(req_id), ledger)

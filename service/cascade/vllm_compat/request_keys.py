@@ -10,6 +10,7 @@ from typing import Any
 
 EXPORT_KEY = "cascade_export"
 PREDICTION_KEY = "cascade_prediction"
+RESPONSE_CACHE_KEY = "cascade_response_cache_tokens"  # of the prediction engine's ``additional_config``
 
 
 def export_extra_args() -> dict[str, Any]:
@@ -23,10 +24,12 @@ def is_export_request(sampling_params: Any) -> bool:
     return bool(extra.get(EXPORT_KEY))
 
 
-def prediction_extra_args(token_ids: Sequence[int], mode: str, adaptive: bool = True) -> dict[str, Any]:
+def prediction_extra_args(token_ids: Sequence[int], mode: str, adaptive: bool = True,
+                          scope: str = "") -> dict[str, Any]:
     """``extra_args`` of a request with a prediction, read by the static-text proposer
-    (``adaptive=False``: always draft K tokens, for benchmarks)."""
-    return {PREDICTION_KEY: {"ids": list(token_ids), "mode": mode, "adaptive": adaptive}}
+    (``adaptive=False``: always draft K tokens, for benchmarks; ``scope``: whose earlier responses
+    it drafts from and joins)."""
+    return {PREDICTION_KEY: {"ids": list(token_ids), "mode": mode, "adaptive": adaptive, "scope": scope}}
 
 
 def prediction_spec(sampling_params: Any) -> dict[str, Any] | None:

@@ -59,3 +59,30 @@ def test_drafts_copied_from_the_prompt_are_not_prediction_tokens_in_the_usage_le
     assert proposer.states["r"].accepted_by_source["prompt"] == len(draft)
     requests.clear()
     assert proposer.prediction_usage("r", len(written) + len(step)) == (0, 0)
+
+
+def test_a_finished_response_drafts_for_the_next_request_of_its_user(
+        monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer) -> None:
+    """The engine keeps finished outputs per ``user`` scope; another scope never sees them."""
+    proposer = toy_proposer(monkeypatch, toy, 8, response_cache_tokens=1000)
+    answer = toy.encode_text("return sorted(set(values), key=abs)\n")
+
+    def ask(req_id: str, scope: str) -> Any:
+        from vllm.sampling_params import SamplingType
+
+        params = SimpleNamespace(max_tokens=50, sampling_type=SamplingType.GREEDY, extra_args=prediction_extra_args(
+            toy.encode_text("pass"), "smart", scope=scope))
+        return SimpleNamespace(sampling_params=params, num_prompt_tokens=1, prompt_token_ids=[toy.id("x")])
+
+    first = {"a": ask("a", "alice")}
+    for written in range(0, len(answer), 3):
+        proposer.bind_batch(["a"], first)
+        proposer.propose([answer[written:written + 3]], np.array([1 + written + 3]), None)
+    first.clear()
+    proposer.release_finished()
+    for req_id, scope, drafts in (("b", "alice", True), ("c", "bob", False)):
+        requests = {req_id: ask(req_id, scope)}
+        proposer.bind_batch([req_id], requests)
+        draft = proposer.propose([answer[:3]], np.array([4]), None)[0]
+        assert (draft == answer[3:3 + len(draft)] and len(draft) > 0) is drafts
+        assert (proposer.states[req_id].last_source == "responses") is drafts

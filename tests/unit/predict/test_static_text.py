@@ -322,7 +322,8 @@ def test_a_prompt_copy_that_agrees_with_the_prediction_lets_the_prediction_draft
     draft = state.propose(64)
     assert state.last_source == "prediction"
     assert len(draft) >= ConfidenceLength(64).length(state.evidence) and draft == ids[20:20 + len(draft)]
-    assert state.drafted_by_source == {"prediction": len(draft), "prompt": 0, "output": 0, "successors": 0}
+    assert state.drafted_by_source == {"prediction": len(draft), "prompt": 0, "output": 0, "responses": 0,
+                                      "successors": 0}
 
 
 def test_a_prompt_copy_that_disagrees_with_the_prediction_drafts_itself() -> None:

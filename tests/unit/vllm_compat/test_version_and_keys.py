@@ -49,8 +49,8 @@ def test_request_markers() -> None:
     assert request_keys.is_export_request(params(extra_args=request_keys.export_extra_args()))
     assert not request_keys.is_export_request(params())
     assert not request_keys.is_export_request(None)
-    extra = request_keys.prediction_extra_args((3, 4), "exact", adaptive=False)
-    assert extra == {request_keys.PREDICTION_KEY: {"ids": [3, 4], "mode": "exact", "adaptive": False}}
+    extra = request_keys.prediction_extra_args((3, 4), "exact", adaptive=False, scope="ab12")
+    assert extra == {request_keys.PREDICTION_KEY: {"ids": [3, 4], "mode": "exact", "adaptive": False, "scope": "ab12"}}
     assert request_keys.prediction_spec(params(extra_args=extra)) == extra[request_keys.PREDICTION_KEY]
     assert request_keys.prediction_spec(params()) is None
     assert request_keys.EXPORT_KEY == "cascade_export" and request_keys.PREDICTION_KEY == "cascade_prediction"
