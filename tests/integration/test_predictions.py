@@ -159,6 +159,25 @@ def test_bad_predictions_are_400(service: Service, prediction: dict, extra: dict
     assert r.json()["error"]["message"]
 
 
+def test_answers_are_kept_per_user_as_a_draft_source_and_change_no_text(service: Service, openai_client) -> None:
+    """The prediction engine keeps finished answers (``prediction_response_cache_tokens``) and drafts
+    a repeat of the same ``user``'s request from them; the text stays the greedy answer."""
+    from tests.integration.conftest import live_state
+
+    def kept() -> int:
+        return int(live_state(service)["engines"]["predict"]["prediction_response_tokens"])
+
+    plain = _greedy(openai_client, max_tokens=40).choices[0].text
+    useless = {"prediction": {"type": "content", "content": "SELECT name FROM users;\n"}}
+    before = kept()
+    first = _greedy(openai_client, max_tokens=40, user="response-cache-test", extra_body=useless)
+    assert first.choices[0].text == plain
+    assert kept() > before
+    again = _greedy(openai_client, max_tokens=40, user="response-cache-test", extra_body=useless)
+    assert again.choices[0].text == plain
+    assert again.usage.completion_tokens_details.accepted_prediction_tokens == 0
+
+
 def test_prediction_engine_requests_do_not_leak(service: Service) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "stream": True,
             "prediction": {"type": "content", "content": "def f():\n    return 1\n" * 20}}

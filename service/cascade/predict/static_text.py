@@ -280,11 +280,11 @@ class PredictionState:
             copy, found = copy_from
             draft = self.copies[copy].continuation(found, n, looping=copy == "output")
             if 0 <= self.cursor < len(self.text):
-                # a copy that continues the prediction's own text lends it no length: where the
-                # prediction's draft is longer and agrees with the copy's, the prediction drafts
+                # a copy that only re-spells the prediction's own text drafts prediction tokens: the
+                # prediction drafts them, as far as the longer of the two drafts
                 own = self.spellings[self.spelling].tokens_at(
-                    self.cursor, min(limit, self.lengths.length(self.evidence)))
-                if len(own) > len(draft) and own[:len(draft)] == draft:
+                    self.cursor, max(len(draft), min(limit, self.lengths.length(self.evidence))))
+                if len(own) >= len(draft) and own[:len(draft)] == draft:
                     source, draft = "prediction", own
         if source == "prediction" and len(draft) >= AGREEING_TOKENS:
             draft = self._lengthen_on_agreement(draft, continuations, limit)
