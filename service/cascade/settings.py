@@ -57,8 +57,8 @@ class Settings(BaseSettings):
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
     prediction_response_cache_tokens: int = Field(
-        65536, ge=0, description="Tokens of earlier responses to `prediction` requests kept per prediction engine "
-        "as a draft source, per `user` (0: off; speed then reveals nothing across requests)."
+        32768, ge=0, description="Tokens of earlier responses to `prediction` requests kept by the prediction engine "
+        "as a draft source, per `user` (~1.5 KB of memory each; 0: off, speed then reveals nothing across requests)."
     )
     # codec
     enable_codec: bool = Field(True, description="Serve the exact codec (/compress, /decompress).")

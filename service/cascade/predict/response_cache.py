@@ -17,13 +17,13 @@ scope's index is rebuilt from what is left, at most once per quarter of the budg
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 
 from cascade.predict.token_source import TokenNgramSource
 
 NGRAM_MIN = 2
-NGRAM_MAX = 16
+NGRAM_MAX = 16  # each kept token costs one index entry per n-gram length: ~1.5 KB of memory a token
 MIN_RESPONSE_TOKENS = 4  # shorter answers (a warm-up, a refusal) draft nothing worth keeping
 
 
@@ -43,7 +43,7 @@ class ResponseCache:
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max(0, max_tokens)
-        self._scopes: OrderedDict[str, _Scope] = OrderedDict()  # least recently added first
+        self._scopes: dict[str, _Scope] = {}
         self._order: deque[str] = deque()  # scope of every kept response, oldest first
         self._serial = 0
         self.tokens = 0
@@ -61,10 +61,7 @@ class ResponseCache:
         tokens = [int(t) for t in tokens]
         if not MIN_RESPONSE_TOKENS <= len(tokens) <= self.max_tokens:
             return
-        entry = self._scopes.get(scope)
-        if entry is None:
-            entry = self._scopes[scope] = _Scope()
-        self._scopes.move_to_end(scope)
+        entry = self._scopes.setdefault(scope, _Scope())
         self._serial += 1
         entry.responses.append((self._serial, tokens))
         entry.index.add(self._serial, tokens)
