@@ -52,7 +52,8 @@ class ResponseCache:
         return len(self._order)
 
     def source(self, scope: str) -> TokenNgramSource | None:
-        """The index of ``scope``'s responses (live: later ``add``s show in it); None when it has none."""
+        """The index of ``scope``'s responses; None when it has none. Later ``add``s show in it until an
+        eviction rebuilds the scope's index (the old one stays valid, only stale)."""
         found = self._scopes.get(scope)
         return None if found is None else found.index
 

@@ -102,12 +102,13 @@ class StaticTextProposer:
             prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
         # adaptive requests take ``PredictionState``'s own default, the one ``simulate`` runs
         lengths: DraftLength | None = None if spec.get("adaptive", True) else FixedLength(self.k)
+        scope = str(spec.get("scope", ""))
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
                                 sampled=is_sampled(getattr(request, "sampling_params", None)),
-                                responses=self.responses.source(spec.get("scope", "")))
+                                responses=self.responses.source(scope))
         self.states[req_id] = state
-        self.scopes[req_id] = spec.get("scope", "")
+        self.scopes[req_id] = scope
         self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
         if log is not None:
