@@ -59,7 +59,7 @@ async def decode_once(runner: ExactRunner, prompt: list[int], lengths: list[int]
 MODES: dict[str, dict[str, Any]] = {  # name: ExactRunner keyword arguments (max_draft from --max-draft where not 0)
     "plain": {"max_draft": 0},
     "ngram": {},
-    "ngram1": {"draft_source": lambda: TokenNgramSource(min_n=1, max_n=16)},
+    "ngram2": {"draft_source": lambda: TokenNgramSource(min_n=2, max_n=16)},
 }
 
 

@@ -33,7 +33,9 @@ _CUDA_MIN_ROWS = 17
 
 
 def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a (M, K) int8 @ b (K, N) int8`` → int32, padding rows where CUDA's kernel needs more than 16."""
+    """``a (M, K) int8 @ b (K, N) int8`` → int32, padding rows where CUDA's kernel needs more than 16.
+    ``b`` is column-major like ``ops.QuantLinear.weight`` (the probe uses that layout too: a kernel is
+    chosen by layout as well as by shape)."""
     rows = a.shape[0]
     if a.device.type == "cuda" and rows < _CUDA_MIN_ROWS:
         a = torch.cat([a, a.new_zeros((_CUDA_MIN_ROWS - rows, a.shape[1]))])
@@ -52,7 +54,7 @@ def _probe_operands(rows: int, k: int, n: int, device: torch.device) -> tuple[to
     w[:, 0::4] = 127
     w[:, 1::4] = -127
     w[:, 2::4] *= torch.randint(0, 2, (k, 1), generator=generator, dtype=torch.int32) * 2 - 1
-    return a.to(torch.int8).to(device), w.to(torch.int8).to(device)
+    return a.to(torch.int8).to(device), w.t().contiguous().to(torch.int8).to(device).t()
 
 
 @functools.cache

@@ -30,7 +30,10 @@ def _scalar(value: float, device: str) -> torch.Tensor:
 class QuantLinear:
     """``y ≈ x Wᵀ (+ b)`` with int8 weights per output channel and per-token activation integers.
 
-    The weights are stored as int8 ``(in, out)``. With ``int8_gemm`` (and a probe that passed for this
+    The weights are stored as int8 ``(in, out)``, column-major (a transposed view of the checkpoint's
+    ``(out, in)`` layout): the host's int8 GEMM then reads each output's weights contiguously, which
+    halves a one-row product's time on the CPU (measured: 120 SmolLM2 products 9.3 → 5.5 ms) and is
+    never slower up to prefill-sized blocks. With ``int8_gemm`` (and a probe that passed for this
     shape) the product is ``torch._int_mm``; otherwise each GEMM converts one piece of ≤ 1,040 input
     rows to float32 on the fly (int8 values are exact in float32), so the stored model stays at one
     byte per weight either way. On the float32 path the output layer's int16 activations are split as
@@ -58,7 +61,7 @@ class QuantLinear:
             raise ValueError(f"activations of ±{act_max} are not supported")
         step = int((FP32_EXACT - 1) // product)
         self.pieces = [(i, min(i + step, self.in_features)) for i in range(0, self.in_features, step)]
-        self.weight = q.t().contiguous().to(torch.int8).to(device)
+        self.weight = q.to(torch.int8).to(device).t()
         self.device = device
         self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
         self.int8_gemm = int8_gemm and int8_gemm_is_exact(self.device, self.in_features, self.out_features)
