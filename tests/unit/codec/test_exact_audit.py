@@ -28,10 +28,10 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
     products = audit.calls.get("aten.mm.default", 0) + audit.calls.get("aten._int_mm.default", 0)
     assert products > 0 and audit.calls["aten.bmm.default"] > 0
     if kernels == "reference":
-        assert "aten._int_mm.default" not in audit.calls and "cache_products.scores" not in audit.calls
+        assert "aten._int_mm.default" not in audit.calls and "fused.attend_cached" not in audit.calls
     elif model.kernels.name == "compiled":
         assert all(audit.calls.get(name, 0) > 0 for name in KERNELS
-                   if name.startswith(("fused.", "frequencies.", "cache_products.")))
+                   if name.startswith(("fused.", "frequencies.")))
 
 
 def test_the_torch_escape_tables_a_gpu_runs_use_only_reviewed_ops(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,10 +102,11 @@ def test_the_audit_checks_the_value_bounds_its_reasons_state() -> None:
         big = torch.full((1, 2, 8), float(2**26), dtype=torch.float64)
         _ = big @ big.transpose(-1, -2)
         cache = torch.full((1, 1, 4, 8), 2**30, dtype=torch.int32)
-        dispatch.report("cache_products.scores", torch.full((1, 1, 1, 8), float(2**24), dtype=torch.float64), cache,
-                        torch.zeros(1, dtype=torch.int64))
+        new = torch.zeros(1, 1, 8, dtype=torch.float64)
+        dispatch.report("fused.attend_cached", torch.full((1, 1, 8), float(2**24), dtype=torch.float64), new, new,
+                        cache, torch.zeros_like(cache))
     problems = "\n".join(sorted(audit.violations))
     assert "conversion torch.float64 → torch.int8: magnitude 200 > 127" in problems
     assert "conversion torch.float64 → torch.float32: not integers" in problems
     assert "aten.bmm.default: float64 products: |a|·|b|·8" in problems
-    assert "cache_products.scores: q·k: |a|·|b|·8" in problems
+    assert "fused.attend_cached: q·k: |a|·|b|·8" in problems

@@ -120,25 +120,17 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     got = fused.qkv(exact_product(m, qkv, True), steps, qkv.scale, qkv.bias, positions, geo.cos, geo.sin,
                     c.num_heads, c.num_kv_heads, c.head_dim, geo.qk_limit, geo.v_limit)
     assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v), strict=True))
-    group = c.num_heads // c.num_kv_heads
     cache = model.allocate_cache(rows, span + 8)
     for li in range(len(cache.keys)):
         cache.keys[li].random_(-3000, 3000, generator=g)
         cache.values[li].random_(-3000, 3000, generator=g)
-    expected_cache = [t.clone() for t in cache.keys[:1] + cache.values[:1]]
-    expected_cache[0][torch.arange(rows), :, positions] = k.to(torch.int32)
-    expected_cache[1][torch.arange(rows), :, positions] = v.to(torch.int32)
-    fused.store(k, v, torch.arange(rows), positions, cache.keys[0], cache.values[0])
-    assert torch.equal(cache.keys[0], expected_cache[0]) and torch.equal(cache.values[0], expected_cache[1])
-    invalid = (torch.arange(span)[None, :] > positions[:, None])[:, None, None, :]
-    q4 = q.view(rows, c.num_kv_heads, group, c.head_dim)
-    keys = cache.keys[0][:, :, :span].to(torch.float64)
-    values = cache.values[0][:, :, :span].to(torch.float64)
-    expected = torch_kernels._attend(q4, keys, values, invalid)
-    p, sums = fused.weights(q4 @ keys.transpose(-1, -2), positions, geo.score_to_grid, geo.att_exp)
-    got_m, got_steps = fused.normalise_quantize(p @ values, sums, 1024.0)
-    expected_m, expected_steps = reference_quantize(expected.reshape(rows, -1))
-    assert torch.equal(got_m.to(torch.float64), expected_m) and torch.equal(got_steps, expected_steps)
+    expected_keys, expected_values = cache.keys[0].clone(), cache.values[0].clone()
+    expected = torch_kernels.attend_cached(q, k, v, expected_keys, expected_values, torch.arange(rows), positions,
+                                           span)
+    got = fused.attend_cached(q, k, v, cache.keys[0], cache.values[0], torch.arange(rows), positions,
+                              geo.score_to_grid, geo.att_exp, 1024.0)
+    assert torch.equal(cache.keys[0], expected_keys) and torch.equal(cache.values[0], expected_values)
+    assert torch.equal(got[0].to(torch.float64), expected[0]) and torch.equal(got[1], expected[1][:, 0])
 
 
 @needs_fused

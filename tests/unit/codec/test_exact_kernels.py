@@ -1,25 +1,23 @@
 """The exact model's fast kernels: the int8 GEMM is used only where the host's kernel sums exactly,
-and the integer-cache attention products equal torch's float64 products bit for bit at the bounds."""
+and the compiled cached attention equals the torch definition bit for bit at the bounds."""
 
 from __future__ import annotations
 
-import json
-import math
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-from cascade.codec.exact import cache_products, int8_gemm
+from cascade.codec.exact import fused, int8_gemm
+from cascade.codec.exact.kernels import CompiledKernels, Geometry, TorchKernels
 from cascade.codec.exact.model import ExactConfig, ExactLlama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, MAX_POSITIONS, load, random_weights, record
+from tests.unit.codec.numerics_matrix import CONFIGS, MAX_POSITIONS, load, random_weights
 
-EXPECTED = json.loads(DIGESTS.read_text())
-needs_kernels = pytest.mark.skipif(not cache_products.AVAILABLE, reason="numba is not installed")
+needs_kernels = pytest.mark.skipif(not fused.usable(torch.device("cpu")), reason="the compiled kernels do not run here")
 
 
 def saturating_int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -76,52 +74,73 @@ def _fresh(name: str) -> ExactLlama:
     return ExactLlama(ExactConfig.from_hf(config), random_weights(config), MAX_POSITIONS, kernels="fast")
 
 
-def _cache_operands(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    rows, heads, group = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    dim = draw(st.sampled_from([1, 8, 64]))
-    capacity = draw(st.integers(1, 40))
-    span = draw(st.integers(1, capacity))
-    qk = math.isqrt((1 << 53) // dim)
-    v_limit = min(1 << 31, (1 << 53) // ((1 << 16) * capacity)) - 1
-    seed = draw(st.integers(0, 2**31))
-    g = torch.Generator().manual_seed(seed)
+AttentionCase = tuple[Geometry, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                      torch.Tensor, torch.Tensor]
+
+
+def _attention_case(draw: st.DrawFn) -> AttentionCase:
+    """A decode or verify pass at the geometry's bounds: ``q, k, v`` of its queries, an int32 cache already
+    holding earlier positions, and each query's cache row and position (a row's queries at consecutive
+    positions from its length, as a lane's fed token and its draft are)."""
+    geometry = load(draw(st.sampled_from(list(CONFIGS)))).geometry
+    capacity = draw(st.integers(1, 48))
+    cache_rows: list[int] = []
+    positions: list[int] = []
+    for row in range(draw(st.integers(1, 3))):
+        length = draw(st.integers(0, capacity - 1))
+        fed = draw(st.integers(1, capacity - length))
+        cache_rows += [row] * fed
+        positions += range(length, length + fed)
+    n, g = len(positions), torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     extreme = draw(st.booleans())
 
-    def ints(shape: tuple[int, ...], limit: int) -> torch.Tensor:
+    def ints(shape: tuple[int, ...], limit: float) -> torch.Tensor:
+        bound = int(limit)
         if extreme:
-            signs = torch.randint(0, 2, shape, generator=g) * 2 - 1
-            return signs.to(torch.int64) * limit
-        return torch.randint(-limit, limit + 1, shape, generator=g, dtype=torch.int64)
+            return ((torch.randint(0, 2, shape, generator=g) * 2 - 1) * bound).to(torch.float64)
+        return torch.randint(-bound, bound + 1, shape, generator=g, dtype=torch.int64).to(torch.float64)
 
-    q = ints((rows, heads, group, dim), qk).to(torch.float64)
-    keys = ints((rows, heads, capacity, dim), min(qk, (1 << 31) - 1)).to(torch.int32)
-    values = ints((rows, heads, capacity, dim), v_limit).to(torch.int32)
-    p = torch.randint(0, (1 << 16) + 1, (rows, heads, group, span), generator=g).to(torch.float64)
-    return q, keys, values, p, span
+    heads, kv_heads, dim = geometry.num_heads, geometry.num_kv_heads, geometry.head_dim
+    keys = ints((3, kv_heads, capacity, dim), geometry.qk_limit).to(torch.int32)
+    values = ints((3, kv_heads, capacity, dim), geometry.v_limit).to(torch.int32)
+    return (geometry, ints((n, heads, dim), geometry.qk_limit), ints((n, kv_heads, dim), geometry.qk_limit),
+            ints((n, kv_heads, dim), geometry.v_limit), keys, values, torch.tensor(cache_rows), torch.tensor(positions))
 
 
 @needs_kernels
 @settings(max_examples=60, deadline=None)
-@given(st.composite(_cache_operands)())
-def test_integer_cache_products_equal_float64_bmm_bit_for_bit(
-        operands: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]) -> None:
-    q, keys, values, p, span = operands
-    k = keys[:, :, :span].to(torch.float64)
-    v = values[:, :, :span].to(torch.float64)
-    assert torch.equal(cache_products.scores(q, keys, span), q @ k.transpose(-1, -2))
-    assert torch.equal(cache_products.weighted(p, values, span), p @ v)
+@given(st.composite(_attention_case)())
+def test_compiled_cached_attention_equals_the_torch_definition_bit_for_bit(case: AttentionCase) -> None:
+    geometry, q, k, v, keys, values, cache_rows, positions = case
+    span = int(positions.max()) + 1
+    expected_keys, expected_values = keys.clone(), values.clone()
+    expected_m, expected_steps = TorchKernels(geometry).attend_cached(q, k, v, expected_keys, expected_values,
+                                                                      cache_rows, positions, span)
+    m, steps = CompiledKernels(geometry).attend_cached(q, k, v, keys, values, cache_rows, positions, span)
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+    assert torch.equal(m.to(torch.float64), expected_m) and torch.equal(steps, expected_steps[:, 0])
+
+
+def _small_attention() -> tuple[CompiledKernels, list[torch.Tensor]]:
+    geometry = load("llama-mha").geometry
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim = geometry.num_heads, geometry.num_kv_heads, geometry.head_dim
+    q = torch.randint(-1000, 1000, (4, heads, dim), generator=g).to(torch.float64)
+    k, v = (torch.randint(-1000, 1000, (4, kv_heads, dim), generator=g).to(torch.float64) for _ in range(2))
+    cache = torch.randint(-1000, 1000, (4, kv_heads, 50, dim), generator=g, dtype=torch.int32)
+    return CompiledKernels(geometry), [q, k, v, cache, cache.clone(), torch.arange(4), torch.full((4,), 49)]
 
 
 @needs_kernels
-def test_integer_cache_products_are_right_when_called_from_many_threads_at_once() -> None:
-    g = torch.Generator().manual_seed(3)
-    q = torch.randint(-1000, 1000, (4, 2, 3, 64), generator=g).to(torch.float64)
-    keys = torch.randint(-1000, 1000, (4, 2, 50, 64), generator=g, dtype=torch.int32)
-    expected = q @ keys.to(torch.float64).transpose(-1, -2)
+def test_compiled_cached_attention_is_right_when_called_from_many_threads_at_once() -> None:
+    kernels, args = _small_attention()
+    expected = kernels.attend_cached(*[a.clone() for a in args], 50)
     results: list[bool] = []
 
     def run() -> None:
-        results.extend(torch.equal(cache_products.scores(q, keys, 50), expected) for _ in range(20))
+        for _ in range(20):
+            m, steps = kernels.attend_cached(*[a.clone() for a in args], 50)
+            results.append(torch.equal(m, expected[0]) and torch.equal(steps, expected[1]))
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for t in threads:
@@ -132,29 +151,12 @@ def test_integer_cache_products_are_right_when_called_from_many_threads_at_once(
 
 
 @needs_kernels
-def test_a_host_where_the_cache_kernels_fail_keeps_torchs_kernels_with_the_same_integers(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*args: object) -> None:
-        raise RuntimeError("no compiler here")
-
-    cache_products._compiles.cache_clear()
-    monkeypatch.setattr(cache_products, "_scores", broken)
-    try:
-        model = _fresh("qwen2-gqa2-bias")
-        assert model.kernels.name == "torch" and "torch kernel set" in model.kernel_summary()
-        assert record(model) == EXPECTED["qwen2-gqa2-bias"]
-    finally:
-        cache_products._compiles.cache_clear()
-
-
-@needs_kernels
-def test_the_cache_kernels_leave_the_callers_torch_thread_count_as_it_was() -> None:
+def test_compiled_kernels_leave_the_callers_torch_thread_count_as_it_was() -> None:
     before = torch.get_num_threads()
+    kernels, args = _small_attention()
     try:
         torch.set_num_threads(1)
-        q = torch.ones(1, 1, 1, 8, dtype=torch.float64)
-        keys = torch.ones(1, 1, 4, 8, dtype=torch.int32)
-        assert torch.equal(cache_products.scores(q, keys, 4), torch.full((1, 1, 1, 4), 8.0, dtype=torch.float64))
-        assert torch.get_num_threads() == 1
+        m, _ = kernels.attend_cached(*args, 50)
+        assert m.dtype == torch.int8 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

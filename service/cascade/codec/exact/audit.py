@@ -216,18 +216,19 @@ ALLOWED: dict[str, Allowed] = {
 }
 
 
-def _cache_scores(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    return _product_within(t[0], t[1], t[0].shape[-1], FP64_EXACT, "q·k")
+def _attended(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """``fused.attend_cached(q, k, v, keys, values, …)``: the new keys and values fit the cache, and its
+    q·k and p·v sums (p ≤ 2**16, over every cached position) stay below 2**53."""
+    q, k, v, keys, values = t[:5]
+    limit = 2**31 - 1 if keys.dtype == I32 else FP64_EXACT - 1
+    return (_integers_within(k, limit, "cached keys") or _integers_within(v, limit, "cached values")
+            or _product_within(q, keys, q.shape[-1], FP64_EXACT, "q·k")
+            or _weighted_values_within(values))
 
 
-def _cache_weighted(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    return (_integers_within(t[0], 1 << 16, "attention weights")
-            or _product_within(t[0], t[1], t[0].shape[-1], FP64_EXACT, "p·v"))
-
-
-def _stored(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    limit = 2**31 - 1 if t[4].dtype == I32 else FP64_EXACT - 1
-    return _integers_within(t[0], limit, "cached keys") or _integers_within(t[1], limit, "cached values")
+def _weighted_values_within(values: torch.Tensor) -> str | None:
+    bound = float(1 << 16) * _largest(values) * values.shape[2]
+    return None if bound < FP64_EXACT else f"p·v: 2**16·|v|·{values.shape[2]} = {bound:g} ≥ {FP64_EXACT:g}"
 
 
 def _exact_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -239,18 +240,10 @@ def _residual_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 
 _KERNEL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {
-    "cache_products.scores": _cache_scores, "cache_products.weighted": _cache_weighted, "fused.store": _stored,
-    "fused.qkv": _exact_sums, "fused.residual": _residual_sums, "fused.silu_quantize": _exact_sums,
-    "fused.weights": _exact_sums, "fused.integer_logits": _exact_sums}
+    "fused.attend_cached": _attended, "fused.qkv": _exact_sums, "fused.residual": _residual_sums,
+    "fused.silu_quantize": _exact_sums, "fused.integer_logits": _exact_sums}
 
 KERNELS: dict[str, Allowed] = {
-    "cache_products.scores": Allowed(frozenset({F64, I32, I64}), "q·k of float64 query integers and the int32 key "
-                                     "cache rows the int64 row index names (numba): every product and partial sum "
-                                     "is an integer below 2**53, exact in any order, vectorised or fused",
-                                     check=_cache_scores),
-    "cache_products.weighted": Allowed(frozenset({F64, I32, I64}), "p·v of integer weights ≤ 2**16 and the int32 value "
-                                       "cache (numba): integer sums below 2**53, exact in any order",
-                                       check=_cache_weighted),
     "root.machine_root": Allowed(frozenset({F64}), "off the CPU, RMSNorm's per-row roots taken by the host's "
                                 "torch.sqrt (exact-llama-1's root, the machine's variant): one float64 per "
                                 "row copied to the CPU and back, exactly; its ops are checked, not their device"),
@@ -271,10 +264,10 @@ KERNELS: dict[str, Allowed] = {
            ("silu_quantize", frozenset({F64, I32}), "gate·sigmoid-table(rint(gate·2**10))·up, then the ±127 grid"),
            ("qkv", frozenset({F64, I32, I64}), "RoPE products and differences from the tables, rint onto the "
                                                "2**-10 grids, clamped"),
-           ("store", frozenset({F64, I32, I64}), "integer keys and values into the cache (exact conversion)"),
-           ("weights", frozenset({F64, I64}), "masking, max, (top − s)·scale, rint, exp-table lookup, exact "
-                                              "integer sum"),
-           ("normalise_quantize", frozenset({F64}), "p·v ÷ (Σp · 2**10), then the ±127 grid"),
+           ("attend_cached", frozenset({F64, I32, I64}), "keys and values into the int32 cache (exact "
+            "conversion); q·k summed in int64 and p·v in float64 without contraction (integers below 2**53, "
+            "exact); masking, max, (top − s)·scale, rint, exp-table lookup, exact integer sum, p·v ÷ (Σp · "
+            "2**10), then the ±127 grid"),
            ("norm_digits", frozenset({F64}), "x ÷ root × gain, the ±32,767 grid and its three int8 digits "
                                              "(products by 2**-7, rint)"),
            ("integer_logits", frozenset({F64, I32}), "(a·128 + b)·128 + c of the digit products (exact integers), "

@@ -1,6 +1,6 @@
 """How the project's compiled kernels are launched and reported to the op audit.
 
-The compiled kernels (``fused``, ``cache_products``, ``frequencies``) run outside torch's dispatcher,
+The compiled kernels (``fused``, ``frequencies``) run outside torch's dispatcher,
 so the op audit (``audit.OpAudit``) cannot see them: each one ``report``s its name and operands to the
 ``observers`` before it runs, and ``launch`` runs it on the caller's torch thread count under one lock.
 """
@@ -51,11 +51,15 @@ def on_host() -> bool:
 def launch(kernel: Any, *args: Any) -> None:
     """Run the numba ``kernel`` on as many threads as torch uses in this thread. Numba's OpenMP start-up
     resets the calling thread's OpenMP thread count (measured: torch 1 → 2 after the first launch), which
-    would undo ``codec_threads`` and the single-threaded loading: the caller's count is put back. Calls
-    are serialised: numba's default thread pool does not take concurrent launches."""
+    would undo ``codec_threads`` and the single-threaded loading: the caller's count is put back. Numba's
+    own count is set only when it changes (a decode step launches ~300 kernels). Calls are serialised:
+    numba's default thread pool does not take concurrent launches."""
     threads = torch.get_num_threads()
+    wanted = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
     with _LOCK:
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        if getattr(_host, "numba_threads", None) != wanted:  # numba's count is per thread, and only set here
+            numba.set_num_threads(wanted)
+            _host.numba_threads = wanted
         kernel(*args)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

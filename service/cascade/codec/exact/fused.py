@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact import cache_products, dispatch, root
+from cascade.codec.exact import dispatch, root
 from cascade.codec.exact.grid import ACT8, ACT16, DIGIT, MASKED, QK_UNIT, RINT_LIMIT, RINT_MAGIC, SIG_UNIT, V_UNIT
 
 logger = logging.getLogger("cascade.codec")
@@ -144,47 +144,53 @@ try:
                     v[r, h, i] = min(max(_rint(value * V_UNIT), -v_limit), v_limit)
 
     @numba.njit(**_STRICT)
-    def _store(k: Any, v: Any, cache_rows: Any, positions: Any, keys: Any, values: Any
-               ) -> None:  # pragma: no cover - compiled
-        for r in prange(k.shape[0]):
+    def _attend_cached(q: Any, k: Any, v: Any, cache_rows: Any, positions: Any, keys: Any, values: Any,
+                       to_grid: float, table: Any, unit: float, z: Any, m: Any, steps: Any
+                       ) -> None:  # pragma: no cover - compiled
+        rows, heads, dim = q.shape
+        kv_heads = k.shape[1]
+        group = heads // kv_heads
+        last = float(table.shape[0] - 1)
+        for r in prange(rows):
             c = cache_rows[r]
             p = positions[r]
-            for h in range(k.shape[1]):
-                for i in range(k.shape[2]):
+            for h in range(kv_heads):
+                for i in range(dim):
                     keys[c, h, p, i] = k[r, h, i]
                     values[c, h, p, i] = v[r, h, i]
-
-    @numba.njit(**_STRICT)
-    def _weights(scores: Any, positions: Any, to_grid: float, table: Any, sums: Any) -> None:  # pragma: no cover
-        rows, heads, group, span = scores.shape
-        last = float(table.shape[0] - 1)
         for rh in prange(rows * heads):
             r = rh // heads
             h = rh - r * heads
-            for g in range(group):
-                row = scores[r, h, g]
-                top = MASKED
-                for j in range(span):
-                    if j <= positions[r] and row[j] > top:
-                        top = row[j]
-                total = 0.0
-                for j in range(span):
-                    s = row[j] if j <= positions[r] else MASKED
-                    index = (min((top - s) * to_grid, last) + RINT_MAGIC) - RINT_MAGIC
-                    row[j] = table[int(index)]
-                    total += row[j]
-                sums[r, h, g] = total
-
-    @numba.njit(**_STRICT)
-    def _normalise_quantize(weighted: Any, sums: Any, unit: float, z: Any, m: Any, steps: Any
-                            ) -> None:  # pragma: no cover - compiled
-        rows, heads, group, dim = weighted.shape
+            kv = h // group
+            c = cache_rows[r]
+            n = positions[r] + 1
+            qi = np.empty(dim, dtype=np.int64)
+            for i in range(dim):
+                qi[i] = np.int64(q[r, h, i])
+            weights = np.empty(n)
+            top = MASKED
+            for j in range(n):
+                dot = np.int64(0)
+                for i in range(dim):
+                    dot += qi[i] * np.int64(keys[c, kv, j, i])
+                weights[j] = float(dot)
+                if weights[j] > top:
+                    top = weights[j]
+            total = 0.0
+            for j in range(n):
+                index = (min((top - weights[j]) * to_grid, last) + RINT_MAGIC) - RINT_MAGIC
+                weights[j] = table[int(index)]
+                total += weights[j]
+            out = z[r, h * dim:(h + 1) * dim]
+            for i in range(dim):
+                out[i] = 0.0
+            for j in range(n):
+                for i in range(dim):
+                    out[i] += weights[j] * float(values[c, kv, j, i])
+            denominator = total * unit
+            for i in range(dim):
+                out[i] = out[i] / denominator
         for r in prange(rows):
-            for h in range(heads):
-                for g in range(group):
-                    denominator = sums[r, h, g] * unit
-                    for d in range(dim):
-                        z[r, (h * group + g) * dim + d] = weighted[r, h, g, d] / denominator
             steps[r] = _quantize_row(z[r], ACT8, m[r])
 
     @numba.njit(**_STRICT)
@@ -305,31 +311,28 @@ def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch
     return q, k, v
 
 
-def store(k: torch.Tensor, v: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-          values: torch.Tensor) -> None:
-    """Write query row ``r``'s key and value integers into cache row ``cache_rows[r]`` at ``positions[r]``
-    (distinct (row, position) pairs: a verify pass writes several positions of one row)."""
-    dispatch.report("fused.store", k, v, cache_rows, positions, keys, values)
-    dispatch.launch(_store, _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values))
+def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  cache_rows: torch.Tensor, positions: torch.Tensor, to_grid: float, table: torch.Tensor,
+                  unit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode and verify attention on the int32 cache, as ``kernels.TorchKernels.attend_cached`` computes it:
+    query row ``r``'s key and value integers go to cache row ``cache_rows[r]`` at ``positions[r]`` (every
+    query's before any query attends: a verify pass writes several positions of one row), then each query
+    head attends to its row's positions ``≤ positions[r]`` and the heads' outputs go onto the ±127 grid.
 
-
-def weights(scores: torch.Tensor, positions: torch.Tensor, to_grid: float, table: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer attention weights in place of ``scores`` (keys past a row's position masked) and their sums."""
-    sums = torch.empty(scores.shape[:3], dtype=torch.float64)
-    dispatch.report("fused.weights", scores, positions, table)
-    dispatch.launch(_weights, _np(scores), _np(positions), float(to_grid), _np(table), _np(sums))
-    return scores, sums
-
-
-def normalise_quantize(weighted: torch.Tensor, sums: torch.Tensor, unit: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize(weighted / (sums · unit))`` with heads flattened: the output projection's input."""
-    rows, heads, group, dim = weighted.shape
-    m = torch.empty(rows, heads * group * dim, dtype=torch.int8)
+    Why the bits are the torch set's: ``q·k`` is summed in int64 (both on their grids, ``|q|, |k| ≤
+    √(2**53 / head_dim)``: every product and partial sum an exact integer below 2**53, which the
+    float64 ``bmm`` also forms exactly); ``p·v`` (``p ≤ 2**16``, ``|v|`` bounded so that the longest
+    context stays below 2**53) is summed in float64 without contraction, every partial sum an exact
+    integer; positions past a query's are left out instead of weighing ``0`` (adding ``+0.0`` changes no
+    sum). Everything that rounds — the scores' grid scale, ``rint``, the exp table, the division, the
+    grid — is the torch set's operations in its order. One launch per layer instead of five: a one-row
+    decode step is mostly launches."""
+    rows, heads, dim = q.shape
+    m = torch.empty(rows, heads * dim, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
-    dispatch.report("fused.normalise_quantize", weighted, sums)
-    dispatch.launch(_normalise_quantize, _np(weighted), _np(sums), float(unit),
-                          np.empty((rows, heads * group * dim)), _np(m), _np(steps))
+    dispatch.report("fused.attend_cached", q, k, v, keys, values, cache_rows, positions, table)
+    dispatch.launch(_attend_cached, _np(q), _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values),
+                    float(to_grid), _np(table), float(unit), np.empty((rows, heads * dim)), _np(m), _np(steps))
     return m, steps
 
 
@@ -356,8 +359,8 @@ def integer_logits(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor) 
 def _fused_instructions() -> list[str]:
     """FMA-like instructions in the machine code of every strict kernel (must be none)."""
     found = []
-    for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv, _store, _weights,
-                   _normalise_quantize, _norm_digits, _integer_logits):
+    for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv, _attend_cached,
+                   _norm_digits, _integer_logits):
         for signature, asm in kernel.inspect_asm().items():
             found += [f"{kernel.__name__}{signature}: {m.group(0)}" for m in _FMA.finditer(asm)]
     return found
@@ -369,7 +372,7 @@ def usable(device: torch.device, float_products: bool = False) -> bool:
     compile here without fused multiply-adds (compiled and inspected once, at model load).
     ``float_products``: the model has linear layers on the float32 path (their GEMM outputs are
     float64, a second compiled variant of three kernels)."""
-    if not AVAILABLE or device.type != "cpu" or not cache_products.usable(device, torch.int32):
+    if not AVAILABLE or device.type != "cpu":
         return False
     try:
         _warm_up(float_products)
@@ -399,9 +402,8 @@ def _warm_up(float_products: bool) -> None:
             torch.zeros(1, 2, dtype=torch.float64), 2, 2, 2, 8.0, 8.0)
     k = torch.zeros(2, 1, 4, dtype=torch.float64)
     cache = torch.zeros(2, 1, 3, 4, dtype=torch.int32)
-    store(k, k, torch.arange(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), cache, cache.clone())
+    attend_cached(torch.zeros(2, 2, 4, dtype=torch.float64), k, k, cache, cache.clone(),
+                  torch.arange(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 1.0,
+                  torch.ones(5, dtype=torch.float64), V_UNIT)
     digits, steps = norm_digits(x, gain, 1e-6)
     integer_logits(digits.to(torch.int32), steps, scale)
-    _, sums = weights(torch.zeros(2, 1, 2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1.0,
-                      torch.ones(5, dtype=torch.float64))
-    normalise_quantize(torch.zeros(2, 1, 2, 4, dtype=torch.float64), sums, V_UNIT)

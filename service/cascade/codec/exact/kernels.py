@@ -14,8 +14,8 @@ A layer is seven steps (``model.ExactLlama._forward``), each a method here::
 ``Activations`` are a linear layer's input: per-row integers and their grid step (float64 integers
 and an ``(n, 1)`` step for the torch set, int8 and ``(n,)`` for the compiled one — each set reads only
 its own). ``TorchKernels`` is the definition: every operation a reviewed aten op (``audit``), on the
-model's device (the GPU path). ``CompiledKernels`` (``fused``, ``cache_products``: numba, CPU) performs
-per element the very same IEEE operations in the same order, and reads the int32 cache directly.
+model's device (the GPU path). ``CompiledKernels`` (``fused``: numba, CPU) performs per element the
+very same IEEE operations in the same order, and reads the int32 cache directly.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cascade.codec.exact import cache_products, fused, tables
+from cascade.codec.exact import fused, tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
 from cascade.codec.exact.int8_gemm import int8_matmul
@@ -270,7 +270,7 @@ class TorchKernels(Kernels):
 
 
 class CompiledKernels(Kernels):
-    """The CPU's compiled loops (``fused``, ``cache_products``): the torch set's operations, in its order."""
+    """The CPU's compiled loops (``fused``): the torch set's operations, in its order."""
 
     name = "compiled"
 
@@ -297,13 +297,9 @@ class CompiledKernels(Kernels):
     def attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
                       values: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, span: int
                       ) -> Activations:
-        """The int32 cache read directly: ``cache_products`` forms the exact integer products, ``fused`` the rest."""
+        """The int32 cache read directly, in one compiled launch (``fused.attend_cached``)."""
         g = self.g
-        fused.store(k, v, cache_rows, positions, keys, values)
-        scores = cache_products.scores(q.view(q.shape[0], g.num_kv_heads, g.group, g.head_dim), keys, span,
-                                       cache_rows)
-        p, sums = fused.weights(scores, positions, g.score_to_grid, g.att_exp)
-        return fused.normalise_quantize(cache_products.weighted(p, values, span, cache_rows), sums, V_UNIT)
+        return fused.attend_cached(q, k, v, keys, values, cache_rows, positions, g.score_to_grid, g.att_exp, V_UNIT)
 
     def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
         if not head.int8_gemm:
@@ -315,7 +311,7 @@ class CompiledKernels(Kernels):
 def select_kernels(setting: str, device: torch.device, geometry: Geometry, linears: list[QuantLinear]) -> Kernels:
     """The kernel set for ``setting`` (``fast``: the compiled loops wherever they run here — numba, the CPU,
     an int32 cache, machine code free of FMA, checked once; ``reference``: torch's operations)."""
-    if (setting == "fast" and cache_products.usable(device, geometry.cache_dtype)
+    if (setting == "fast" and geometry.cache_dtype == torch.int32
             and fused.usable(device, float_products=not all(q.int8_gemm for q in linears))):
         return CompiledKernels(geometry)
     return TorchKernels(geometry)

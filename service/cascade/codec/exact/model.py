@@ -35,7 +35,7 @@ where a load-time probe shows it sums exactly (``int8_gemm``), else as the float
 One layer loop (``ExactLlama._forward``) serves prefill, decode steps and speculative verify; its
 steps run on one kernel set chosen at load (``kernels``): torch's operations (``ops``, any device)
 or, on the CPU, compiled loops of the same operations in the same order that also read the int32
-cache directly (``fused``, ``cache_products``). The grids and limits live in ``grid``. Every aten op
+cache directly (``fused``). The grids and limits live in ``grid``. Every aten op
 and compiled kernel the decision path runs is on the reviewed allow-list in ``audit``, with the
 value bounds its reasons state (CI fails otherwise), and ``known_answer`` digests the pre-rounding
 intermediates to catch arithmetic drift at start-up.
