@@ -265,9 +265,9 @@ KERNELS: dict[str, Allowed] = {
            ("qkv", frozenset({F64, I32, I64}), "RoPE products and differences from the tables, rint onto the "
                                                "2**-10 grids, clamped"),
            ("attend_cached", frozenset({F64, I32, I64}), "keys and values into the int32 cache (exact "
-            "conversion); q·k summed in int64 and p·v in float64 without contraction (integers below 2**53, "
-            "exact); masking, max, (top − s)·scale, rint, exp-table lookup, exact integer sum, p·v ÷ (Σp · "
-            "2**10), then the ±127 grid"),
+            "conversion); q·k and p·v as sums of integer products below 2**53 (exact in any order: the only "
+            "loops compiled with reassociation, never contraction); masking, max, (top − s)·scale, rint, "
+            "exp-table lookup, exact integer sum, p·v ÷ (Σp · 2**10), then the ±127 grid"),
            ("norm_digits", frozenset({F64}), "x ÷ root × gain, the ±32,767 grid and its three int8 digits "
                                              "(products by 2**-7, rint)"),
            ("integer_logits", frozenset({F64, I32}), "(a·128 + b)·128 + c of the digit products (exact integers), "

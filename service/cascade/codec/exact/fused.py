@@ -12,8 +12,10 @@ operations the torch code of ``model`` performs, in the same order, each correct
 integer indices. They are compiled *without* fast-math: no reassociation, no reciprocal, no
 contraction into FMA — :func:`strict` checks the generated machine code for fused multiply-adds
 and refuses the kernels where it finds one. The only reductions are maxima (exact) and sums of
-integers below 2**53 (exact in any order). Tests compare every kernel with the torch code bit for
-bit, and the recorded ``exact-llama-1`` digests hold on this path.
+integers below 2**53 (exact in any order; the attention products ``_integer_scores`` and
+``_integer_weighted`` are compiled with reassociation for that reason, still without contraction).
+Tests compare every kernel with the torch code bit for bit, and the recorded ``exact-llama-1``
+digests hold on this path.
 """
 
 from __future__ import annotations
@@ -143,9 +145,32 @@ try:
                     value = _linear_out(acc[r], steps[r], scale, bias, base + h * dim + i)
                     v[r, h, i] = min(max(_rint(value * V_UNIT), -v_limit), v_limit)
 
+    @numba.njit(fastmath={"reassoc"}, error_model="numpy", cache=False, nogil=True)
+    def _integer_scores(q: Any, keys: Any, out: Any) -> None:  # pragma: no cover - compiled
+        """``out[g, j] = q[g]·keys[j]``: sums of products of integers, each partial sum below 2**53 (exact in
+        any order, so reassociation is allowed here and in ``_integer_weighted`` only)."""
+        for j in range(keys.shape[0]):
+            for g in range(q.shape[0]):
+                acc = 0.0
+                for i in range(q.shape[1]):
+                    acc += q[g, i] * keys[j, i]
+                out[g, j] = acc
+
+    @numba.njit(fastmath={"reassoc"}, error_model="numpy", cache=False, nogil=True)
+    def _integer_weighted(p: Any, values: Any, out: Any) -> None:  # pragma: no cover - compiled
+        """``out[g] = Σ_j p[g, j]·values[j]``: integer weights ≤ 2**16 times bounded integers, below 2**53."""
+        for g in range(out.shape[0]):
+            for i in range(out.shape[1]):
+                out[g, i] = 0.0
+        for j in range(values.shape[0]):
+            for g in range(p.shape[0]):
+                w = p[g, j]
+                for i in range(values.shape[1]):
+                    out[g, i] += w * values[j, i]
+
     @numba.njit(**_STRICT)
     def _attend_cached(q: Any, k: Any, v: Any, cache_rows: Any, positions: Any, keys: Any, values: Any,
-                       to_grid: float, table: Any, unit: float, z: Any, m: Any, steps: Any
+                       to_grid: float, table: Any, unit: float, split: bool, z: Any, m: Any, steps: Any
                        ) -> None:  # pragma: no cover - compiled
         rows, heads, dim = q.shape
         kv_heads = k.shape[1]
@@ -158,38 +183,33 @@ try:
                 for i in range(dim):
                     keys[c, h, p, i] = k[r, h, i]
                     values[c, h, p, i] = v[r, h, i]
-        for rh in prange(rows * heads):
-            r = rh // heads
-            h = rh - r * heads
-            kv = h // group
+        parts = group if split else 1
+        width = group // parts
+        for task in prange(rows * kv_heads * parts):
+            r = task // (kv_heads * parts)
+            kv = (task // parts) % kv_heads
+            first = kv * group + (task % parts) * width
             c = cache_rows[r]
             n = positions[r] + 1
-            qi = np.empty(dim, dtype=np.int64)
-            for i in range(dim):
-                qi[i] = np.int64(q[r, h, i])
-            weights = np.empty(n)
-            top = MASKED
-            for j in range(n):
-                dot = np.int64(0)
+            weights = np.empty((width, n))
+            _integer_scores(q[r, first:first + width], keys[c, kv, :n], weights)
+            totals = np.zeros(width)
+            for g in range(width):
+                top = MASKED
+                for j in range(n):
+                    if weights[g, j] > top:
+                        top = weights[g, j]
+                for j in range(n):
+                    index = (min((top - weights[g, j]) * to_grid, last) + RINT_MAGIC) - RINT_MAGIC
+                    weights[g, j] = table[int(index)]
+                    totals[g] += weights[g, j]
+            weighted = np.empty((width, dim))
+            _integer_weighted(weights, values[c, kv, :n], weighted)
+            out = z[r, first * dim:(first + width) * dim]
+            for g in range(width):
+                denominator = totals[g] * unit
                 for i in range(dim):
-                    dot += qi[i] * np.int64(keys[c, kv, j, i])
-                weights[j] = float(dot)
-                if weights[j] > top:
-                    top = weights[j]
-            total = 0.0
-            for j in range(n):
-                index = (min((top - weights[j]) * to_grid, last) + RINT_MAGIC) - RINT_MAGIC
-                weights[j] = table[int(index)]
-                total += weights[j]
-            out = z[r, h * dim:(h + 1) * dim]
-            for i in range(dim):
-                out[i] = 0.0
-            for j in range(n):
-                for i in range(dim):
-                    out[i] += weights[j] * float(values[c, kv, j, i])
-            denominator = total * unit
-            for i in range(dim):
-                out[i] = out[i] / denominator
+                    out[g * dim + i] = weighted[g, i] / denominator
         for r in prange(rows):
             steps[r] = _quantize_row(z[r], ACT8, m[r])
 
@@ -319,20 +339,25 @@ def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     query's before any query attends: a verify pass writes several positions of one row), then each query
     head attends to its row's positions ``≤ positions[r]`` and the heads' outputs go onto the ±127 grid.
 
-    Why the bits are the torch set's: ``q·k`` is summed in int64 (both on their grids, ``|q|, |k| ≤
-    √(2**53 / head_dim)``: every product and partial sum an exact integer below 2**53, which the
-    float64 ``bmm`` also forms exactly); ``p·v`` (``p ≤ 2**16``, ``|v|`` bounded so that the longest
-    context stays below 2**53) is summed in float64 without contraction, every partial sum an exact
-    integer; positions past a query's are left out instead of weighing ``0`` (adding ``+0.0`` changes no
-    sum). Everything that rounds — the scores' grid scale, ``rint``, the exp table, the division, the
+    Why the bits are the torch set's: ``q·k`` (both on their grids, ``|q|, |k| ≤ √(2**53 / head_dim)``)
+    and ``p·v`` (``p ≤ 2**16``, ``|v|`` bounded so that the longest context stays below 2**53) are
+    sums of products of integers whose every partial sum is an integer below 2**53, exact in any
+    order: ``_integer_scores`` and ``_integer_weighted`` alone are compiled with reassociation (so the
+    sums vectorise), never with contraction, so no fused multiply-add appears anywhere and the machine
+    code check holds for the whole kernel. Positions past a query's are left out instead of weighing
+    ``0`` (adding ``+0.0`` changes no sum). Everything that rounds — the scores' grid scale, ``rint``,
+    the exp table, the division, the
     grid — is the torch set's operations in its order. One launch per layer instead of five: a one-row
-    decode step is mostly launches."""
+    decode step is mostly launches. A parallel task is one row's kv head, whose query heads share each
+    cached key and value it reads; with fewer of those than twice the threads (a step of one or two
+    rows) each query head is a task of its own, so both cores work."""
     rows, heads, dim = q.shape
     m = torch.empty(rows, heads * dim, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)
     dispatch.report("fused.attend_cached", q, k, v, keys, values, cache_rows, positions, table)
     dispatch.launch(_attend_cached, _np(q), _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values),
-                    float(to_grid), _np(table), float(unit), np.empty((rows, heads * dim)), _np(m), _np(steps))
+                    float(to_grid), _np(table), float(unit), rows * k.shape[1] < 2 * torch.get_num_threads(),
+                    np.empty((rows, heads * dim)), _np(m), _np(steps))
     return m, steps
 
 
