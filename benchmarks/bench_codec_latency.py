@@ -107,8 +107,8 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--bits-only", action="store_true", help="code only: the bits/byte table (no decoding)")
-    parser.add_argument("--position-cost", type=float, default=0.11,
-                        help="cost of one drafted position in steps (bench_exact_pass_cost.py: SmolLM2 ~0.11)")
+    parser.add_argument("--position-cost", type=float, default=0.13,
+                        help="cost of one drafted position in steps (bench_exact_pass_cost.py: SmolLM2 ~0.13 past the first)")
     parser.add_argument("--ceiling", action="store_true", help="top-1 share and greedy-oracle tokens/step only")
     args = parser.parse_args()
     from transformers import AutoTokenizer

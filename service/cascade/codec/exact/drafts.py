@@ -29,10 +29,10 @@ class DraftSource(Protocol):
 
 
 def ngram_source() -> DraftSource:
-    """Matches from one token up: a drafted position costs ~11 % of a one-row step
-    (``bench_exact_pass_cost.py``), so even single-token matches pay (SmolLM2, 1 KB of held-out code:
-    1.13 → 1.22 tokens per step, 5.69 → 5.46 s against min_n 2; prose 1.03 → 1.08; benchmarks/RESULTS.md,
-    "Small-file latency" and "A one-row step")."""
+    """Matches from one token up: single-token matches still pay where a lane decodes alone (SmolLM2,
+    1 KB of held-out code: 1.13 → 1.22 tokens per step, 5.69 → 5.46 s against ``min_n`` 2; prose 1.03 →
+    1.08), although the first drafted position costs ~24 % of a one-row step (``bench_exact_pass_cost.py``;
+    benchmarks/RESULTS.md, "Small-file latency" and "A one-row step")."""
     return TokenNgramSource(min_n=1, max_n=16)
 
 
