@@ -108,7 +108,7 @@ async def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--bits-only", action="store_true", help="code only: the bits/byte table (no decoding)")
     parser.add_argument("--position-cost", type=float, default=0.13,
-                        help="cost of one drafted position in steps (bench_exact_pass_cost.py: SmolLM2 ~0.13 past the first)")
+                        help="cost of one drafted position in steps (bench_exact_pass_cost.py: SmolLM2 ~0.13)")
     parser.add_argument("--ceiling", action="store_true", help="top-1 share and greedy-oracle tokens/step only")
     args = parser.parse_args()
     from transformers import AutoTokenizer
