@@ -57,11 +57,12 @@ def _integers_within(t: torch.Tensor, limit: float, what: str) -> str | None:
     return None if largest <= limit else f"{what}: magnitude {largest:g} > {limit:g}"
 
 
-def _product_within(a: torch.Tensor, b: torch.Tensor, terms: int, limit: float, what: str) -> str | None:
-    """Why a sum of ``terms`` products of ``a``'s and ``b``'s integers may reach ``limit``, or None."""
-    if not (_integral(a) and _integral(b)):
+def _product_within(a: torch.Tensor | float, b: torch.Tensor, terms: int, limit: float, what: str) -> str | None:
+    """Why a sum of ``terms`` products of ``a``'s and ``b``'s integers may reach ``limit``, or None (``a``
+    as a number: the bound of an operand the kernel forms itself, such as attention weights ≤ 2**16)."""
+    if not ((isinstance(a, float) or _integral(a)) and _integral(b)):
         return f"{what}: operands not integers"
-    bound = _largest(a) * _largest(b) * terms
+    bound = (a if isinstance(a, float) else _largest(a)) * _largest(b) * terms
     return None if bound < limit else f"{what}: |a|·|b|·{terms} = {bound:g} ≥ {limit:g}"
 
 
@@ -223,12 +224,7 @@ def _attended(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     limit = 2**31 - 1 if keys.dtype == I32 else FP64_EXACT - 1
     return (_integers_within(k, limit, "cached keys") or _integers_within(v, limit, "cached values")
             or _product_within(q, keys, q.shape[-1], FP64_EXACT, "q·k")
-            or _weighted_values_within(values))
-
-
-def _weighted_values_within(values: torch.Tensor) -> str | None:
-    bound = float(1 << 16) * _largest(values) * values.shape[2]
-    return None if bound < FP64_EXACT else f"p·v: 2**16·|v|·{values.shape[2]} = {bound:g} ≥ {FP64_EXACT:g}"
+            or _product_within(float(1 << 16), values, values.shape[2], FP64_EXACT, "p·v"))
 
 
 def _exact_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

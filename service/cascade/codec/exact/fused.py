@@ -346,11 +346,10 @@ def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     sums vectorise), never with contraction, so no fused multiply-add appears anywhere and the machine
     code check holds for the whole kernel. Positions past a query's are left out instead of weighing
     ``0`` (adding ``+0.0`` changes no sum). Everything that rounds — the scores' grid scale, ``rint``,
-    the exp table, the division, the
-    grid — is the torch set's operations in its order. One launch per layer instead of five: a one-row
-    decode step is mostly launches. A parallel task is one row's kv head, whose query heads share each
-    cached key and value it reads; with fewer of those than twice the threads (a step of one or two
-    rows) each query head is a task of its own, so both cores work."""
+    the exp table, the division, the grid — is the torch set's operations in its order. One launch per layer
+    instead of five: a one-row decode step is mostly launches. A parallel task is one row's kv head, whose
+    query heads share each cached key and value it reads; with fewer of those than twice the threads (a step
+    of one or two rows) each query head is a task of its own, so both cores work."""
     rows, heads, dim = q.shape
     m = torch.empty(rows, heads * dim, dtype=torch.int8)
     steps = torch.empty(rows, dtype=torch.float64)

@@ -32,10 +32,15 @@ _PROBE_ROWS = (1, 5, 33, 160, _LARGE_ROWS)
 _CUDA_MIN_ROWS = 17
 
 
+def column_major(w: torch.Tensor) -> torch.Tensor:
+    """``w (K, N)`` with each column contiguous: the layout ``ops.QuantLinear`` stores its weights in and the
+    probe tests (a kernel is chosen by layout as well as by shape)."""
+    return w.t().contiguous().t()
+
+
 def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a (M, K) int8 @ b (K, N) int8`` → int32, padding rows where CUDA's kernel needs more than 16.
-    ``b`` is column-major like ``ops.QuantLinear.weight`` (the probe uses that layout too: a kernel is
-    chosen by layout as well as by shape)."""
+    """``a (M, K) int8 @ b (K, N) int8`` (``column_major``) → int32, padding rows where CUDA's kernel needs
+    more than 16."""
     rows = a.shape[0]
     if a.device.type == "cuda" and rows < _CUDA_MIN_ROWS:
         a = torch.cat([a, a.new_zeros((_CUDA_MIN_ROWS - rows, a.shape[1]))])
@@ -54,7 +59,7 @@ def _probe_operands(rows: int, k: int, n: int, device: torch.device) -> tuple[to
     w[:, 0::4] = 127
     w[:, 1::4] = -127
     w[:, 2::4] *= torch.randint(0, 2, (k, 1), generator=generator, dtype=torch.int32) * 2 - 1
-    return a.to(torch.int8).to(device), w.t().contiguous().to(torch.int8).to(device).t()
+    return a.to(torch.int8).to(device), column_major(w.to(torch.int8).to(device))
 
 
 @functools.cache

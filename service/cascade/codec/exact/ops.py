@@ -13,7 +13,7 @@ import torch
 
 from cascade.codec.exact import root, tables
 from cascade.codec.exact.grid import ACT8, ACT16, FP32_EXACT, FP64_EXACT, rint, rint_
-from cascade.codec.exact.int8_gemm import int8_gemm_is_exact, int8_matmul
+from cascade.codec.exact.int8_gemm import column_major, int8_gemm_is_exact, int8_matmul
 
 
 class UnsupportedModelError(ValueError):
@@ -61,7 +61,7 @@ class QuantLinear:
             raise ValueError(f"activations of ±{act_max} are not supported")
         step = int((FP32_EXACT - 1) // product)
         self.pieces = [(i, min(i + step, self.in_features)) for i in range(0, self.in_features, step)]
-        self.weight = q.to(torch.int8).to(device).t()
+        self.weight = column_major(q.t().to(torch.int8).to(device))
         self.device = device
         self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
         self.int8_gemm = int8_gemm and int8_gemm_is_exact(self.device, self.in_features, self.out_features)
