@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from cascade.codec.exact import fused, tables
@@ -50,6 +51,11 @@ def linear_case(draw: st.DrawFn) -> tuple[torch.Tensor, QuantLinear, bool]:
     return rows_of(draw, rows, width, seed), linear, draw(st.booleans())
 
 
+def tensors(*arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """The fused kernels' results (numpy arrays, the compiled set's values) as tensors."""
+    return tuple(torch.from_numpy(a) for a in arrays)
+
+
 def exact_product(m: torch.Tensor, linear: QuantLinear, as_int32: bool) -> torch.Tensor:
     acc = m.to(torch.float64) @ linear.weight.to(torch.float64)  # integers far below 2**53: exact
     return acc.to(torch.int32) if as_int32 else acc
@@ -62,15 +68,15 @@ def test_norm_quantize_and_residual_equal_the_torch_rmsnorm_and_linear_layer(
         case: tuple[torch.Tensor, QuantLinear, bool]) -> None:
     x, linear, as_int32 = case
     gain = 1 + torch.linspace(-0.5, 0.5, x.shape[1], dtype=torch.float64)
-    m, steps = fused.norm_quantize(x, gain, 1e-6)
+    m, steps = tensors(*fused.norm_quantize(x, gain, 1e-6))
     expected_m, expected_steps = reference_quantize(rms_norm(x, gain, 1e-6))
     assert torch.equal(m.to(torch.float64), expected_m) and torch.equal(steps, expected_steps)
     acc = exact_product(m, linear, as_int32)
     residual = torch.randn(x.shape[0], linear.out_features, dtype=torch.float64)
-    out, squares = fused.residual(residual, acc, steps, linear.scale, linear.bias, 1e-6)
+    out, squares = tensors(*fused.residual(residual, acc, steps, linear.scale, linear.bias, 1e-6))
     assert torch.equal(out, residual + linear(rms_norm(x, gain, 1e-6)))
     ones = torch.ones(out.shape[1], dtype=torch.float64)
-    m2, steps2 = fused.norm_quantize(out, ones, 1e-6, squares)
+    m2, steps2 = tensors(*fused.norm_quantize(out, ones, 1e-6, squares))
     expected_m2, expected_steps2 = reference_quantize(rms_norm(out, ones, 1e-6))
     assert torch.equal(m2.to(torch.float64), expected_m2) and torch.equal(steps2, expected_steps2)
 
@@ -81,7 +87,7 @@ def test_the_fused_rmsnorm_takes_torchs_square_root_which_exact_llama_1_is_defin
     kernel that took its own root differ in some step (the steps are sensitive to one ulp)."""
     x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     gain = torch.ones(64, dtype=torch.float64)
-    _, steps = fused.norm_quantize(x, gain, 1e-5)
+    _, steps = tensors(*fused.norm_quantize(x, gain, 1e-5))
     assert torch.equal(steps, reference_quantize(rms_norm(x, gain, 1e-5))[1])
 
 
@@ -92,14 +98,14 @@ def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor,
     x, linear, as_int32 = case
     if linear.out_features % 2:
         return
-    m, steps = fused.quantize(x)
+    m, steps = tensors(*fused.quantize(x))
     assert torch.equal(m.to(torch.float64), reference_quantize(x)[0])
     acc = exact_product(m, linear, as_int32)
     table = torch.from_numpy(tables.sigmoid_table())
     gate_up = linear(x)
     half = linear.out_features // 2
     expected_m, expected_steps = reference_quantize(silu(gate_up[:, :half], table) * gate_up[:, half:])
-    got_m, got_steps = fused.silu_quantize(acc, steps, linear.scale, linear.bias, table)
+    got_m, got_steps = tensors(*fused.silu_quantize(acc, steps, linear.scale, linear.bias, table))
     assert torch.equal(got_m.to(torch.float64), expected_m) and torch.equal(got_steps, expected_steps)
 
 
@@ -115,10 +121,10 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     positions = torch.tensor([0, 3, 39, 17, 39])
     torch_kernels, geo = TorchKernels(model.geometry), model.geometry
     q, k, v = torch_kernels.qkv(layer.qkv, torch_kernels.norm_quantize(x, layer.attn_norm), positions)
-    m, steps = fused.norm_quantize(x, layer.attn_norm, c.rms_norm_eps)
+    m, steps = tensors(*fused.norm_quantize(x, layer.attn_norm, c.rms_norm_eps))
     qkv = layer.qkv
-    got = fused.qkv(exact_product(m, qkv, True), steps, qkv.scale, qkv.bias, positions, geo.cos, geo.sin,
-                    c.num_heads, c.num_kv_heads, c.head_dim, geo.qk_limit, geo.v_limit)
+    got = tensors(*fused.qkv(exact_product(m, qkv, True), steps, qkv.scale, qkv.bias, positions, geo.cos, geo.sin,
+                             c.num_heads, c.num_kv_heads, c.head_dim, geo.qk_limit, geo.v_limit))
     assert all(torch.equal(a, b) for a, b in zip(got, (q, k, v), strict=True))
     cache = model.allocate_cache(rows, span + 8)
     for li in range(len(cache.keys)):
@@ -127,8 +133,8 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     expected_keys, expected_values = cache.keys[0].clone(), cache.values[0].clone()
     expected = torch_kernels.attend_cached(q, k, v, expected_keys, expected_values, torch.arange(rows), positions,
                                            span)
-    got = fused.attend_cached(q, k, v, cache.keys[0], cache.values[0], torch.arange(rows), positions,
-                              geo.score_to_grid, geo.att_exp, 1024.0)
+    got = tensors(*fused.attend_cached(q, k, v, cache.keys[0], cache.values[0], torch.arange(rows), positions,
+                                       geo.score_to_grid, geo.att_exp, 1024.0))
     assert torch.equal(cache.keys[0], expected_keys) and torch.equal(cache.values[0], expected_values)
     assert torch.equal(got[0].to(torch.float64), expected[0]) and torch.equal(got[1], expected[1][:, 0])
 

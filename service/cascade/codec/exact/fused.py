@@ -25,6 +25,7 @@ import logging
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
 from cascade.codec.exact import dispatch, root
@@ -35,7 +36,6 @@ _FMA = re.compile(r"\bv?f(n)?m(add|sub)\w*|\bfmla\b|\bfmls\b", re.IGNORECASE)
 
 try:
     import numba
-    import numpy as np
     from numba import prange
 
     _STRICT: dict[str, Any] = {"parallel": True, "nogil": True, "cache": False, "error_model": "numpy",
@@ -247,93 +247,106 @@ except ImportError:  # pragma: no cover - numba is a pinned dependency; the torc
     AVAILABLE = False
 
 
-def _np(t: torch.Tensor) -> Any:
-    """A numpy view of an input (C-contiguous, so the compiled signature is the warmed-up one)."""
+Array = Any
+"""A kernel operand: a numpy array, or a CPU tensor (taken as a view). Kernels return numpy arrays: the
+compiled kernel set keeps its activations as arrays between launches (``kernels.CompiledKernels``), so a
+decode step converts nothing but a GEMM's operand and result (a one-row step launches ~200 kernels, and
+each conversion and torch allocation cost about as much as a launch's own overhead)."""
+
+
+def array(t: Array) -> Any:
+    """``t`` as a C-contiguous numpy array (a view of a CPU tensor: the compiled signature is the warmed-up one)."""
+    if isinstance(t, np.ndarray):
+        return t if t.flags.c_contiguous else np.ascontiguousarray(t)
     return t.contiguous().numpy()
 
 
-def _bias(bias: torch.Tensor | None) -> Any:
-    return _NO_BIAS if bias is None else bias.numpy()
+def _report(name: str, *operands: Array) -> None:
+    """``dispatch.report`` with tensors (the audit's currency), built only when someone observes."""
+    if dispatch.observers:
+        dispatch.report(name, *(torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in operands))
 
 
-_NO_BIAS = torch.empty(0, dtype=torch.float64).numpy()
+def _bias(bias: Array | None) -> Any:
+    return _NO_BIAS if bias is None else array(bias)
 
 
-def _roots(x: torch.Tensor, eps: float, squares: torch.Tensor | None = None) -> torch.Tensor:
+_NO_BIAS = np.empty(0, dtype=np.float64)
+
+
+def _roots(x: Any, eps: float, squares: Any | None = None) -> Any:
     """RMSNorm's per-row roots of ``mean_square + eps`` (``squares``, when ``residual`` computed them).
 
     The square root is not a kernel's: ``exact-llama-1`` was defined with torch's CPU ``sqrt``, MKL's
     vector square root, which is not always the correctly rounded one (``root.root``;
     docs/architecture.md, "The square root")."""
     if squares is None:
-        squares = torch.empty(x.shape[0], dtype=torch.float64)
-        dispatch.report("fused.mean_squares", x)
-        dispatch.launch(_mean_squares, _np(x), float(eps), _np(squares))
-    return root.root(squares)
+        squares = np.empty(x.shape[0])
+        _report("fused.mean_squares", x)
+        dispatch.launch(_mean_squares, x, float(eps), squares)
+    return root.root(torch.from_numpy(squares)).numpy()
 
 
-def norm_quantize(x: torch.Tensor, gain: torch.Tensor, eps: float, squares: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_quantize(x: Array, gain: Array, eps: float, squares: Array | None = None) -> tuple[Any, Any]:
     """``quantize(rms_norm(x, gain, eps))`` → int8 activations and their per-row step (``squares``:
     the rows' ``mean_square + eps`` when ``residual`` already computed them; the roots: ``_roots``)."""
+    x, gain = array(x), array(gain)
     rows, n = x.shape
-    roots = _roots(x, eps, squares)
-    m = torch.empty(rows, n, dtype=torch.int8)
-    steps = torch.empty(rows, dtype=torch.float64)
-    dispatch.report("fused.norm_quantize", x, roots, gain)
-    dispatch.launch(_norm_quantize, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(m), _np(steps))
+    roots = _roots(x, eps, None if squares is None else array(squares))
+    m = np.empty((rows, n), dtype=np.int8)
+    steps = np.empty(rows)
+    _report("fused.norm_quantize", x, roots, gain)
+    dispatch.launch(_norm_quantize, x, roots, gain, np.empty((rows, n)), m, steps)
     return m, steps
 
 
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(x: Array) -> tuple[Any, Any]:
     """A linear layer's int8 activations (±127 per row) and their step."""
-    m = torch.empty(x.shape, dtype=torch.int8)
-    steps = torch.empty(x.shape[0], dtype=torch.float64)
-    dispatch.report("fused.quantize", x)
-    dispatch.launch(_quantize, _np(x), _np(m), _np(steps))
+    x = array(x)
+    m = np.empty(x.shape, dtype=np.int8)
+    steps = np.empty(x.shape[0])
+    _report("fused.quantize", x)
+    dispatch.launch(_quantize, x, m, steps)
     return m, steps
 
 
-def residual(x: torch.Tensor, acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor,
-             bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def residual(x: Array, acc: Array, steps: Array, scale: Array, bias: Array | None, eps: float) -> tuple[Any, Any]:
     """``x + linear_output(acc)``, and the sum's rows' ``mean_square + eps`` for the next RMSNorm."""
-    out = torch.empty_like(x)
-    squares = torch.empty(x.shape[0], dtype=torch.float64)
-    dispatch.report("fused.residual", x, acc, steps, scale)
-    dispatch.launch(_residual, _np(x), _np(acc), _np(steps), _np(scale), _bias(bias), float(eps), _np(out),
-                          _np(squares))
+    x, acc, steps, scale = array(x), array(acc), array(steps), array(scale)
+    out = np.empty(x.shape)
+    squares = np.empty(x.shape[0])
+    _report("fused.residual", x, acc, steps, scale)
+    dispatch.launch(_residual, x, acc, steps, scale, _bias(bias), float(eps), out, squares)
     return out, squares
 
 
-def silu_quantize(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                  table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def silu_quantize(acc: Array, steps: Array, scale: Array, bias: Array | None, table: Array) -> tuple[Any, Any]:
     """``quantize(silu(gate) · up)`` from the stacked gate/up GEMM's integer output."""
+    acc, steps, scale, table = array(acc), array(steps), array(scale), array(table)
     rows, inter = acc.shape[0], acc.shape[1] // 2
-    m = torch.empty(rows, inter, dtype=torch.int8)
-    next_steps = torch.empty(rows, dtype=torch.float64)
-    dispatch.report("fused.silu_quantize", acc, steps, scale, table)
-    dispatch.launch(_silu_quantize, _np(acc), _np(steps), _np(scale), _bias(bias), _np(table),
-                          np.empty((rows, inter)), _np(m), _np(next_steps))
+    m = np.empty((rows, inter), dtype=np.int8)
+    next_steps = np.empty(rows)
+    _report("fused.silu_quantize", acc, steps, scale, table)
+    dispatch.launch(_silu_quantize, acc, steps, scale, _bias(bias), table, np.empty((rows, inter)), m, next_steps)
     return m, next_steps
 
 
-def qkv(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-        positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, dim: int,
-        qk_limit: float, v_limit: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv(acc: Array, steps: Array, scale: Array, bias: Array | None, positions: Array, cos: Array, sin: Array,
+        heads: int, kv_heads: int, dim: int, qk_limit: float, v_limit: float) -> tuple[Any, Any, Any]:
     """Queries and keys (RoPE, on their grid) and values (on theirs) from the stacked q/k/v GEMM."""
+    acc, steps, scale, positions, cos, sin = (array(a) for a in (acc, steps, scale, positions, cos, sin))
     rows = acc.shape[0]
-    q = torch.empty(rows, heads, dim, dtype=torch.float64)
-    k = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
-    v = torch.empty(rows, kv_heads, dim, dtype=torch.float64)
-    dispatch.report("fused.qkv", acc, steps, scale, positions, cos, sin)
-    dispatch.launch(_qkv, _np(acc), _np(steps), _np(scale), _bias(bias), _np(positions), _np(cos), _np(sin),
-                          float(qk_limit), float(v_limit), _np(q), _np(k), _np(v))
+    q = np.empty((rows, heads, dim))
+    k = np.empty((rows, kv_heads, dim))
+    v = np.empty((rows, kv_heads, dim))
+    _report("fused.qkv", acc, steps, scale, positions, cos, sin)
+    dispatch.launch(_qkv, acc, steps, scale, _bias(bias), positions, cos, sin, float(qk_limit), float(v_limit),
+                    q, k, v)
     return q, k, v
 
 
-def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  cache_rows: torch.Tensor, positions: torch.Tensor, to_grid: float, table: torch.Tensor,
-                  unit: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_cached(q: Array, k: Array, v: Array, keys: Array, values: Array, cache_rows: Array, positions: Array,
+                  to_grid: float, table: Array, unit: float) -> tuple[Any, Any]:
     """Decode and verify attention on the int32 cache, as ``kernels.TorchKernels.attend_cached`` computes it:
     query row ``r``'s key and value integers go to cache row ``cache_rows[r]`` at ``positions[r]`` (every
     query's before any query attends: a verify pass writes several positions of one row), then each query
@@ -350,33 +363,36 @@ def attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     instead of five: a one-row decode step is mostly launches. A parallel task is one row's kv head, whose
     query heads share each cached key and value it reads; with fewer of those than twice the threads (a step
     of one or two rows) each query head is a task of its own, so both cores work."""
+    q, k, v, keys, values, cache_rows, positions, table = (
+        array(a) for a in (q, k, v, keys, values, cache_rows, positions, table))
     rows, heads, dim = q.shape
-    m = torch.empty(rows, heads * dim, dtype=torch.int8)
-    steps = torch.empty(rows, dtype=torch.float64)
-    dispatch.report("fused.attend_cached", q, k, v, keys, values, cache_rows, positions, table)
-    dispatch.launch(_attend_cached, _np(q), _np(k), _np(v), _np(cache_rows), _np(positions), _np(keys), _np(values),
-                    float(to_grid), _np(table), float(unit), rows * k.shape[1] < 2 * torch.get_num_threads(),
-                    np.empty((rows, heads * dim)), _np(m), _np(steps))
+    m = np.empty((rows, heads * dim), dtype=np.int8)
+    steps = np.empty(rows)
+    _report("fused.attend_cached", q, k, v, keys, values, cache_rows, positions, table)
+    dispatch.launch(_attend_cached, q, k, v, cache_rows, positions, keys, values, float(to_grid), table, float(unit),
+                    rows * k.shape[1] < 2 * torch.get_num_threads(), np.empty((rows, heads * dim)), m, steps)
     return m, steps
 
 
-def norm_digits(x: torch.Tensor, gain: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_digits(x: Array, gain: Array, eps: float) -> tuple[Any, Any]:
     """The output layer's input: RMSNorm, the ±32,767 grid, and its three int8 digits ``a·2**14 + b·2**7 + c``
     stacked as ``(3·rows, n)`` (``QuantLinear._int8_product``'s operand), and the per-row steps."""
+    x, gain = array(x), array(gain)
     rows, n = x.shape
     roots = _roots(x, eps)
-    digits = torch.empty(3 * rows, n, dtype=torch.int8)
-    steps = torch.empty(rows, dtype=torch.float64)
-    dispatch.report("fused.norm_digits", x, roots, gain)
-    dispatch.launch(_norm_digits, _np(x), _np(roots), _np(gain), np.empty((rows, n)), _np(digits), _np(steps))
+    digits = np.empty((3 * rows, n), dtype=np.int8)
+    steps = np.empty(rows)
+    _report("fused.norm_digits", x, roots, gain)
+    dispatch.launch(_norm_digits, x, roots, gain, np.empty((rows, n)), digits, steps)
     return digits, steps
 
 
-def integer_logits(acc: torch.Tensor, steps: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def integer_logits(acc: Array, steps: Array, scale: Array) -> Any:
     """Integer logits (int64) from the output layer's three digit products (int32, ``(3·rows, vocab)``)."""
-    out = torch.empty(acc.shape[0] // 3, acc.shape[1], dtype=torch.int64)
-    dispatch.report("fused.integer_logits", acc, steps, scale)
-    dispatch.launch(_integer_logits, _np(acc), _np(steps), _np(scale), _np(out))
+    acc, steps, scale = array(acc), array(steps), array(scale)
+    out = np.empty((acc.shape[0] // 3, acc.shape[1]), dtype=np.int64)
+    _report("fused.integer_logits", acc, steps, scale)
+    dispatch.launch(_integer_logits, acc, steps, scale, out)
     return out
 
 
@@ -419,7 +435,7 @@ def _warm_up(float_products: bool) -> None:
     m, steps = norm_quantize(x, gain, 1e-6)
     quantize(x)
     scale = torch.ones(12, dtype=torch.float64)
-    for acc in (m.to(torch.int32), *([m.to(torch.float64)] if float_products else [])):
+    for acc in (m.astype(np.int32), *([m.astype(np.float64)] if float_products else [])):
         residual(x, acc, steps, scale, None, 1e-6)
         silu_quantize(acc, steps, scale, None, torch.zeros(9, dtype=torch.float64))
         qkv(acc, steps, scale, None, torch.zeros(2, dtype=torch.int64), torch.ones(1, 2, dtype=torch.float64),
@@ -430,4 +446,4 @@ def _warm_up(float_products: bool) -> None:
                   torch.arange(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 1.0,
                   torch.ones(5, dtype=torch.float64), V_UNIT)
     digits, steps = norm_digits(x, gain, 1e-6)
-    integer_logits(digits.to(torch.int32), steps, scale)
+    integer_logits(digits.astype(np.int32), steps, scale)

@@ -11,11 +11,13 @@ A layer is seven steps (``model.ExactLlama._forward``), each a method here::
     a = silu_quantize(gate_up_linear, a)          SiLU(gate)·up, then the ±127 grid
     x, s = residual(x, down_linear, a)
 
-``Activations`` are a linear layer's input: per-row integers and their grid step (float64 integers
-and an ``(n, 1)`` step for the torch set, int8 and ``(n,)`` for the compiled one — each set reads only
-its own). ``TorchKernels`` is the definition: every operation a reviewed aten op (``audit``), on the
-model's device (the GPU path). ``CompiledKernels`` (``fused``: numba, CPU) performs per element the
-very same IEEE operations in the same order, and reads the int32 cache directly.
+``Values`` pass between the steps: torch tensors in the torch set, numpy arrays in the compiled one
+(``to_tensor`` gives a pass's result as a tensor). ``Activations`` are a linear layer's input: per-row
+integers and their grid step (float64 integers and an ``(n, 1)`` step for the torch set, int8 and
+``(n,)`` for the compiled one — each set reads only its own). ``TorchKernels`` is the definition:
+every operation a reviewed aten op (``audit``), on the model's device (the GPU path).
+``CompiledKernels`` (``fused``: numba, CPU) performs per element the very same IEEE operations in
+the same order, and reads the int32 cache directly.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,8 +36,10 @@ from cascade.codec.exact.grid import FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_
 from cascade.codec.exact.int8_gemm import int8_matmul
 from cascade.codec.exact.ops import QuantLinear, _scalar, quantize, rms_norm, silu
 
-Activations = tuple[torch.Tensor, torch.Tensor]
-Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], Activations]
+Values = Any
+"""What passes between a layer's steps: ``torch.Tensor`` in the torch set, ``numpy.ndarray`` in the compiled one."""
+Activations = tuple[Values, Values]
+Attention = Callable[[int, Values, Values, Values], Activations]
 """``attention(layer_index, q, k, v)``: one pass's attention (``packed_attention`` or ``cached_attention``)."""
 _QUERY_BLOCK = 128
 _SCORE_ELEMENTS = 1 << 22
@@ -91,23 +96,25 @@ class Kernels(ABC):
     def __init__(self, geometry: Geometry) -> None:
         self.g = geometry
 
+    def to_tensor(self, x: Values) -> torch.Tensor:
+        """A pass's result (the final hidden states) as a tensor."""
+        return x
+
     @abstractmethod
-    def norm_quantize(self, x: torch.Tensor, gain: torch.Tensor, squares: torch.Tensor | None = None
+    def norm_quantize(self, x: Values, gain: torch.Tensor, squares: Values | None = None
                       ) -> Activations:
         """``quantize(rms_norm(x) · gain)``; ``squares``: the rows' ``mean_square + eps`` if ``residual`` gave them."""
 
     @abstractmethod
-    def quantize(self, x: torch.Tensor) -> Activations:
+    def quantize(self, x: Values) -> Activations:
         """The ±127 activation grid of ``x``'s rows."""
 
     @abstractmethod
-    def qkv(self, linear: QuantLinear, a: Activations, positions: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, linear: QuantLinear, a: Activations, positions: Values) -> tuple[Values, Values, Values]:
         """Queries ``(n, heads, D)``, keys and values ``(n, kv_heads, D)``: integers on their grids."""
 
     @abstractmethod
-    def residual(self, x: torch.Tensor, linear: QuantLinear, a: Activations
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def residual(self, x: Values, linear: QuantLinear, a: Activations) -> tuple[Values, Values | None]:
         """``x + linear(a)``, and (compiled set) the sum's ``mean_square + eps`` for the next RMSNorm."""
 
     @abstractmethod
@@ -115,9 +122,8 @@ class Kernels(ABC):
         """``quantize(silu(gate) · up)`` of the stacked gate/up layer."""
 
     @abstractmethod
-    def attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
-                      values: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, span: int
-                      ) -> Activations:
+    def attend_cached(self, q: Values, k: Values, v: Values, keys: torch.Tensor, values: torch.Tensor,
+                      cache_rows: Values, positions: Values, span: int) -> Activations:
         """Query ``j`` stores its key and value at ``positions[j]`` of cache row ``cache_rows[j]``; then
         every query attends to its row's positions ``≤ positions[j]`` (of the first ``span``)."""
 
@@ -270,42 +276,80 @@ class TorchKernels(Kernels):
 
 
 class CompiledKernels(Kernels):
-    """The CPU's compiled loops (``fused``): the torch set's operations, in its order."""
+    """The CPU's compiled loops (``fused``): the torch set's operations, in its order.
+
+    Its values between steps are numpy arrays (``fused.Array``): a GEMM's int8 operand becomes a tensor
+    view and its int32 result an array view, and the model's constants (gains, scales, biases, tables)
+    are converted once. A one-row decode step launches ~200 kernels, and converting every operand and
+    allocating every output through torch cost ~2 ms of a ~15 ms step."""
 
     name = "compiled"
 
-    def norm_quantize(self, x: torch.Tensor, gain: torch.Tensor, squares: torch.Tensor | None = None
-                      ) -> Activations:
-        return fused.norm_quantize(x, gain, self.g.rms_norm_eps, squares)
+    def __init__(self, geometry: Geometry) -> None:
+        super().__init__(geometry)
+        self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}
 
-    def quantize(self, x: torch.Tensor) -> Activations:
+    def _constant(self, t: torch.Tensor | None) -> Any:
+        """A constant's array view, made once (the tensor is kept, so its id is not reused)."""
+        if t is None:
+            return None
+        hit = self._arrays.get(id(t))
+        if hit is None:
+            hit = self._arrays[id(t)] = (t, fused.array(t))
+        return hit[1]
+
+    def _product(self, linear: QuantLinear, m: Any) -> torch.Tensor:
+        return linear.product(torch.from_numpy(m))
+
+    def to_tensor(self, x: Values) -> torch.Tensor:
+        return x if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+
+    def norm_quantize(self, x: Values, gain: torch.Tensor, squares: Values | None = None) -> Activations:
+        return fused.norm_quantize(x, self._constant(gain), self.g.rms_norm_eps, squares)
+
+    def quantize(self, x: Values) -> Activations:
         return fused.quantize(x)
 
-    def qkv(self, linear: QuantLinear, a: Activations, positions: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, linear: QuantLinear, a: Activations, positions: Values) -> tuple[Values, Values, Values]:
         g = self.g
-        return fused.qkv(linear.product(a[0]), a[1], linear.scale, linear.bias, positions, g.cos, g.sin,
-                         g.num_heads, g.num_kv_heads, g.head_dim, g.qk_limit, g.v_limit)
+        return fused.qkv(self._product(linear, a[0]), a[1], self._constant(linear.scale), self._constant(linear.bias),
+                         positions, self._constant(g.cos), self._constant(g.sin), g.num_heads, g.num_kv_heads,
+                         g.head_dim, g.qk_limit, g.v_limit)
 
-    def residual(self, x: torch.Tensor, linear: QuantLinear, a: Activations
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return fused.residual(x, linear.product(a[0]), a[1], linear.scale, linear.bias, self.g.rms_norm_eps)
+    def residual(self, x: Values, linear: QuantLinear, a: Activations) -> tuple[Values, Values | None]:
+        return fused.residual(x, self._product(linear, a[0]), a[1], self._constant(linear.scale),
+                              self._constant(linear.bias), self.g.rms_norm_eps)
 
     def silu_quantize(self, linear: QuantLinear, a: Activations) -> Activations:
-        return fused.silu_quantize(linear.product(a[0]), a[1], linear.scale, linear.bias, self.g.sigmoid)
+        return fused.silu_quantize(self._product(linear, a[0]), a[1], self._constant(linear.scale),
+                                   self._constant(linear.bias), self._constant(self.g.sigmoid))
 
-    def attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
-                      values: torch.Tensor, cache_rows: torch.Tensor, positions: torch.Tensor, span: int
-                      ) -> Activations:
+    def attend_cached(self, q: Values, k: Values, v: Values, keys: torch.Tensor, values: torch.Tensor,
+                      cache_rows: Values, positions: Values, span: int) -> Activations:
         """The int32 cache read directly, in one compiled launch (``fused.attend_cached``)."""
         g = self.g
-        return fused.attend_cached(q, k, v, keys, values, cache_rows, positions, g.score_to_grid, g.att_exp, V_UNIT)
+        return fused.attend_cached(q, k, v, keys, values, cache_rows, positions, g.score_to_grid,
+                                   self._constant(g.att_exp), V_UNIT)
+
+    def cached_attention(self, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor) -> Attention:
+        """The base class's, with the pass's rows and positions as arrays once instead of once per layer."""
+        return super().cached_attention(cache, fused.array(cache_rows), fused.array(positions))
+
+    def packed_attention(self, lengths: list[int], cache: KVCache | None, rows: list[int] | None) -> Attention:
+        """Prefill's attention runs torch operations on the compiled set's arrays (viewed as tensors)."""
+        attend = super().packed_attention(lengths, cache, rows)
+
+        def on_tensors(li: int, q: Values, k: Values, v: Values) -> Activations:
+            return attend(li, self.to_tensor(q), self.to_tensor(k), self.to_tensor(v))
+
+        return on_tensors
 
     def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
         if not head.int8_gemm:
             return super().logits(hidden, gain, head)
-        digits, steps = fused.norm_digits(hidden, gain, self.g.rms_norm_eps)
-        return fused.integer_logits(int8_matmul(digits, head.weight), steps, head.scale)
+        digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)
+        acc = int8_matmul(torch.from_numpy(digits), head.weight)
+        return torch.from_numpy(fused.integer_logits(acc, steps, self._constant(head.scale)))
 
 
 def select_kernels(setting: str, device: torch.device, geometry: Geometry, linears: list[QuantLinear]) -> Kernels:

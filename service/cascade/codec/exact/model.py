@@ -56,7 +56,7 @@ import torch
 from cascade.codec.exact import tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import ACT8, ACT16
-from cascade.codec.exact.kernels import Attention, Geometry, Kernels, logits_before_rounding, select_kernels
+from cascade.codec.exact.kernels import Attention, Geometry, Kernels, Values, logits_before_rounding, select_kernels
 from cascade.codec.exact.ops import QuantLinear, UnsupportedModelError
 
 P = ParamSpec("P")
@@ -313,16 +313,16 @@ class ExactLlama:
         """Every layer for ``tokens`` at ``positions``; ``attention`` says which keys each query sees (a
         packed prefill's own sequence, or its cache row). Returns the final hidden states."""
         k = self.kernels
-        x = self.embed[tokens].to(torch.float64)
-        squares: torch.Tensor | None = None
+        x: Values = self.embed[tokens].to(torch.float64)
+        squares: Values | None = None
         for li, layer in enumerate(self.layers):
             q, keys, values = k.qkv(layer.qkv, k.norm_quantize(x, layer.attn_norm, squares), positions)
             x, squares = k.residual(x, layer.o, attention(li, q, keys, values))
             a = k.silu_quantize(layer.gate_up, k.norm_quantize(x, layer.mlp_norm, squares))
             x, squares = k.residual(x, layer.down, a)
             if self.trace is not None:
-                self.trace(f"layer{li}", x)
-        return x
+                self.trace(f"layer{li}", k.to_tensor(x))
+        return k.to_tensor(x)
 
     @_exact_pass
     def prefill(self, sequences: list[list[int]], cache: KVCache | None = None,
