@@ -17,6 +17,13 @@ advanced per step, drafted tokens per step, and "× by pass cost": tokens per st
 compared, each input decoded by each in turn (``--rounds`` times, medians), so their seconds share
 the machine's load.
 
+``--replay N``: no model — each draft source replayed on ``N`` consecutive held-out pieces of each
+kind and size (the default plan's lanes; a draft is accepted while it equals the text, which is what
+the exact decoder gives), priced with the one-row pass costs ``bench_exact_pass_cost.py`` measures
+(``--row-cost``, ``--first-cost``, ``--further-cost``: a step's extra rows, a row's first drafted
+position and each further one, in one-row steps): the speed-up over plain decoding across many texts,
+where the timed rows see one.
+
 ``--ceiling``: what any drafter that guesses tokens without running the model can reach at best —
 the share of tokens that are the model's own top-1 choice, and the tokens per step of an *oracle*
 that drafts the exact model's greedy chain for free (accepted while the text follows it; the
@@ -37,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "service"), str(REPO / "benchmarks")]
 
 from bench_codec import MODEL_DIR, held_out_code, held_out_prose  # noqa: E402
+from cascade.codec.exact.drafts import SegmentDrafts, ngram_source  # noqa: E402
 from cascade.codec.exact.model import ExactLlama  # noqa: E402
 from cascade.codec.exact.runner import ExactRunner, single_threaded  # noqa: E402
 from cascade.codec.lanes import lane_lengths, split_lanes  # noqa: E402
@@ -59,7 +67,7 @@ async def decode_once(runner: ExactRunner, prompt: list[int], lengths: list[int]
 MODES: dict[str, dict[str, Any]] = {  # name: ExactRunner keyword arguments (max_draft from --max-draft where not 0)
     "plain": {"max_draft": 0},
     "ngram": {},
-    "ngram2": {"draft_source": lambda: TokenNgramSource(min_n=2, max_n=16)},
+    "ngram1": {"draft_source": lambda: TokenNgramSource(min_n=1, max_n=16)},
 }
 
 
@@ -93,6 +101,57 @@ def ceiling(model: ExactLlama, tokenizer: Any, args: argparse.Namespace) -> None
             print(f"| {kind} | {size} | {len(lane)} | {share:.2f} | {rates[0]:.2f} | {rates[1]:.2f} |", flush=True)
 
 
+def pass_cost(drafts: list[int], args: argparse.Namespace) -> float:
+    """One verify pass of ``len(drafts)`` rows with these draft lengths, in one-row steps."""
+    return (1 + args.row_cost * (len(drafts) - 1)
+            + sum(args.first_cost + args.further_cost * (d - 1) for d in drafts if d))
+
+
+def replay_cost(lanes: list[list[int]], source: Any, max_draft: int, args: argparse.Namespace) -> float:
+    """The passes a segment's decode takes with ``source``'s drafts (none with ``max_draft`` 0), priced."""
+    drafts = SegmentDrafts(source, [0], len(lanes), max(1, max_draft))
+    done = [0] * len(lanes)
+    total = 0.0
+    while running := [i for i, lane in enumerate(lanes) if done[i] < len(lane)]:
+        guesses = {i: drafts.propose(i, lanes[i][:done[i]], len(lanes[i]) - done[i] - 1) if max_draft else []
+                   for i in running}
+        total += pass_cost([len(guesses[i]) for i in running], args)
+        for i in running:
+            accepted = 0
+            while accepted < len(guesses[i]) and guesses[i][accepted] == lanes[i][done[i] + accepted]:
+                accepted += 1
+            drafts.record(i, len(guesses[i]), accepted, lanes[i][done[i]:done[i] + accepted + 1])
+            done[i] += accepted + 1
+    return total
+
+
+def replay(tokenizer: Any, args: argparse.Namespace) -> None:
+    """``--replay``: every mode's speed-up over plain decoding by pass cost, on many held-out pieces."""
+    modes = [m for m in args.modes.split(",") if m != "plain"]
+    lane_tokens = int(args.lane_tokens.split(",")[0])
+    max_draft = int(args.max_draft.split(",")[0])
+    print(f"no model: {args.replay} consecutive held-out pieces per row, lanes of {lane_tokens} tokens, drafts ≤ "
+          f"{max_draft}; pass cost 1 + {args.row_cost}·(rows − 1) + {args.first_cost} per drafting row + "
+          f"{args.further_cost} per further drafted position")
+    print("| text | bytes | pieces | " + " | ".join(f"{m} × plain" for m in modes) + " |")
+    print("|---|---|---|" + "---|" * len(modes))
+    for kind in args.kinds.split(","):
+        source = held_out_code if kind == "code" else held_out_prose
+        for size in (int(x) for x in args.sizes.split(",")):
+            text = source(size * args.replay)
+            pieces = [text[i:i + size] for i in range(0, len(text) - size + 1, size)]
+            plain = 0.0
+            costs = dict.fromkeys(modes, 0.0)
+            for piece in pieces:
+                ids = list(tokenizer.encode(piece.decode("utf-8", "ignore"), add_special_tokens=False))
+                lanes = split_lanes(ids, lane_tokens)
+                plain += replay_cost(lanes, ngram_source(), 0, args)
+                for mode in modes:
+                    costs[mode] += replay_cost(lanes, MODES[mode].get("draft_source", ngram_source)(), max_draft, args)
+            ratios = " | ".join(f"{plain / costs[m]:.3f}×" for m in modes)
+            print(f"| {kind} | {size} | {len(pieces)} | {ratios} |", flush=True)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", default=str(MODEL_DIR))
@@ -109,11 +168,18 @@ async def main() -> None:
     parser.add_argument("--bits-only", action="store_true", help="code only: the bits/byte table (no decoding)")
     parser.add_argument("--position-cost", type=float, default=0.13,
                         help="cost of one drafted position in steps (bench_exact_pass_cost.py: SmolLM2 ~0.13)")
+    parser.add_argument("--replay", type=int, default=0, help="no model: replay drafts on this many pieces")
+    parser.add_argument("--row-cost", type=float, default=0.29)
+    parser.add_argument("--first-cost", type=float, default=0.28)
+    parser.add_argument("--further-cost", type=float, default=0.17)
     parser.add_argument("--ceiling", action="store_true", help="top-1 share and greedy-oracle tokens/step only")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    if args.replay:
+        replay(tokenizer, args)
+        return
     model = single_threaded(ExactLlama.from_pretrained, args.model_dir, args.max_model_len)
     vocab = model.config.vocab_size
     if args.ceiling:

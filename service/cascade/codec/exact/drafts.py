@@ -29,11 +29,13 @@ class DraftSource(Protocol):
 
 
 def ngram_source() -> DraftSource:
-    """Matches from one token up: single-token matches still pay where a lane decodes alone (SmolLM2,
-    1 KB of held-out code: 1.13 → 1.22 tokens per step, 5.69 → 5.46 s against ``min_n`` 2; prose 1.03 →
-    1.08), although the first drafted position costs ~24 % of a one-row step (``bench_exact_pass_cost.py``;
-    benchmarks/RESULTS.md, "Small-file latency" and "A one-row step")."""
-    return TokenNgramSource(min_n=1, max_n=16)
+    """Matches of two tokens up. A drafted position costs ~0.3 of a one-row step since the step got
+    cheaper (``bench_exact_pass_cost.py``, 384 cached positions: 1×2 1.28× a 1×1 pass), and a
+    single-token match is right too rarely to pay for it: SmolLM2, replayed on 12 held-out pieces each of
+    code and prose, 1 KB and 4 KB, priced by those pass costs (``bench_codec_latency.py --replay 12``),
+    1.05–1.09× plain decoding against 0.99–1.03× with one-token matches (benchmarks/RESULTS.md, "Codec
+    drafts from two-token matches")."""
+    return TokenNgramSource(min_n=2, max_n=16)
 
 
 class SegmentDrafts:
