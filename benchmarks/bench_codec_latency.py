@@ -113,8 +113,9 @@ def replay_cost(lanes: list[list[int]], source: Any, max_draft: int, args: argpa
     done = [0] * len(lanes)
     total = 0.0
     while running := [i for i, lane in enumerate(lanes) if done[i] < len(lane)]:
-        guesses = {i: drafts.propose(i, lanes[i][:done[i]], len(lanes[i]) - done[i] - 1) if max_draft else []
-                   for i in running}
+        longest = max(len(lanes[i]) - done[i] for i in running)  # as the runner: only the longest lanes draft
+        guesses = {i: drafts.propose(i, lanes[i][:done[i]], len(lanes[i]) - done[i] - 1)
+                   if max_draft and len(lanes[i]) - done[i] == longest else [] for i in running}
         total += pass_cost([len(guesses[i]) for i in running], args)
         for i in running:
             accepted = 0

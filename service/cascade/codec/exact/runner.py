@@ -594,16 +594,23 @@ class ExactRunner:
         """Each row's draft: never past the lane's second-to-last token (its last is never fed), and all
         drafts of a pass together at most ``pass_positions`` minus the rows: a full batch is already
         as fast per token as the hardware goes, so drafts only fill a small one (decoding at 32 rows
-        runs as without speculation)."""
+        runs as without speculation). Only a segment's lanes with the most tokens left draft: a segment
+        is done when its longest lane is, so a token a shorter lane gains saves no step, while its draft
+        costs the pass ~0.1–0.3 of a step (SmolLM2, 12 held-out 4 KB pieces, 768 + 545 tokens, replayed:
+        1.087× → 1.104× plain for code, 1.056× → 1.079× for prose)."""
         owners, lanes = self._cohort.owners, self._cohort.lanes
         room = self.pass_positions - len(owners)
+        left = [job.lengths[lane] - len(job.decoded[lane]) for job, lane in zip(owners, lanes, strict=True)]
+        longest: dict[_DecodeJob, int] = {}
+        for job, n in zip(owners, left, strict=True):
+            longest[job] = max(n, longest.get(job, 0))
         out: list[list[int]] = []
-        for job, lane in zip(owners, lanes, strict=True):
-            if job.drafts is None or room <= 0:
+        for job, lane, n in zip(owners, lanes, left, strict=True):
+            if job.drafts is None or room <= 0 or n < longest[job]:
                 out.append([])
                 continue
             decoded = job.decoded[lane]
-            draft = job.drafts.propose(lane, decoded, min(room, job.lengths[lane] - len(decoded) - 1))
+            draft = job.drafts.propose(lane, decoded, min(room, n - 1))
             room -= len(draft)
             out.append(draft)
         return out
