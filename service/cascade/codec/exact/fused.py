@@ -251,7 +251,7 @@ Array = Any
 """A kernel operand: a numpy array, or a CPU tensor (taken as a view). Kernels return numpy arrays: the
 compiled kernel set keeps its activations as arrays between launches (``kernels.CompiledKernels``), so a
 decode step converts nothing but a GEMM's operand and result (a one-row step launches ~200 kernels, and
-each conversion and torch allocation cost about as much as a launch's own overhead)."""
+each conversion or torch allocation cost a sizeable share of a launch's own overhead)."""
 
 
 def array(t: Array) -> Any:
