@@ -24,8 +24,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from cascade.codec.exact import root
+from cascade.codec.exact import fused, root
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.frequencies import frequency_tables
 from cascade.codec.exact.model import ExactConfig, ExactLlama
@@ -33,6 +34,8 @@ from cascade.codec.exact.model import ExactConfig, ExactLlama
 REPO = Path(__file__).resolve().parents[3]
 PYCODER = REPO / "models" / "pycoder-23m"
 DIGESTS = Path(__file__).with_name("exact_llama_1_digests.json")
+needs_compiled = pytest.mark.skipif(not fused.usable(torch.device("cpu")),
+                                    reason="the compiled kernels do not run on this host")
 MAX_POSITIONS = 320
 
 # Random-weight configurations that cover every branch of the forward pass: grouped-query

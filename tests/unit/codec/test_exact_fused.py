@@ -15,11 +15,18 @@ from cascade.codec.exact.ops import QuantLinear, rms_norm, silu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.codec.numerics_matrix import CONFIGS, DIGESTS, MAX_POSITIONS, load, random_weights, record
+from tests.unit.codec.numerics_matrix import (
+    CONFIGS,
+    DIGESTS,
+    MAX_POSITIONS,
+    load,
+    needs_compiled,
+    random_weights,
+    record,
+)
 
 EXPECTED = json.loads(DIGESTS.read_text())
 CPU = torch.device("cpu")
-needs_fused = pytest.mark.skipif(not fused.usable(CPU), reason="the fused kernels do not run on this host")
 
 
 def reference_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +68,7 @@ def exact_product(m: torch.Tensor, linear: QuantLinear, as_int32: bool) -> torch
     return acc.to(torch.int32) if as_int32 else acc
 
 
-@needs_fused
+@needs_compiled
 @settings(max_examples=60, deadline=None)
 @given(linear_case())
 def test_norm_quantize_and_residual_equal_the_torch_rmsnorm_and_linear_layer(
@@ -81,7 +88,7 @@ def test_norm_quantize_and_residual_equal_the_torch_rmsnorm_and_linear_layer(
     assert torch.equal(m2.to(torch.float64), expected_m2) and torch.equal(steps2, expected_steps2)
 
 
-@needs_fused
+@needs_compiled
 def test_the_fused_rmsnorm_takes_torchs_square_root_which_exact_llama_1_is_defined_by() -> None:
     """torch's CPU sqrt is not always the correctly rounded root (~1 % of inputs); 4,096 rows make a
     kernel that took its own root differ in some step (the steps are sensitive to one ulp)."""
@@ -91,7 +98,7 @@ def test_the_fused_rmsnorm_takes_torchs_square_root_which_exact_llama_1_is_defin
     assert torch.equal(steps, reference_quantize(rms_norm(x, gain, 1e-5))[1])
 
 
-@needs_fused
+@needs_compiled
 @settings(max_examples=40, deadline=None)
 @given(linear_case())
 def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor, QuantLinear, bool]) -> None:
@@ -109,7 +116,7 @@ def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor,
     assert torch.equal(got_m.to(torch.float64), expected_m) and torch.equal(got_steps, expected_steps)
 
 
-@needs_fused
+@needs_compiled
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -> None:
     model = load(name, kernels="reference")
@@ -139,12 +146,12 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
     assert torch.equal(got[0].to(torch.float64), expected[0]) and torch.equal(got[1], expected[1][:, 0])
 
 
-@needs_fused
+@needs_compiled
 def test_the_compiled_kernels_hold_no_fused_multiply_add() -> None:
     assert fused._fused_instructions() == []
 
 
-@needs_fused
+@needs_compiled
 def test_a_host_whose_compiler_contracts_operations_keeps_torchs_operations_with_the_same_integers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from cascade.codec.exact.model import ExactConfig, ExactLlama
@@ -160,7 +167,7 @@ def test_a_host_whose_compiler_contracts_operations_keeps_torchs_operations_with
         fused.usable.cache_clear()
 
 
-@needs_fused
+@needs_compiled
 @pytest.mark.parametrize("name", ["pycoder-23m", *CONFIGS])
 def test_the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> None:
     model = load(name)

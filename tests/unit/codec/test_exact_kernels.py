@@ -9,15 +9,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from cascade.codec.exact import fused, int8_gemm
+from cascade.codec.exact import int8_gemm
 from cascade.codec.exact.kernels import CompiledKernels, Geometry, TorchKernels
 from cascade.codec.exact.model import ExactConfig, ExactLlama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.codec.numerics_matrix import CONFIGS, MAX_POSITIONS, load, random_weights
-
-needs_kernels = pytest.mark.skipif(not fused.usable(torch.device("cpu")), reason="the compiled kernels do not run here")
+from tests.unit.codec.numerics_matrix import CONFIGS, MAX_POSITIONS, load, needs_compiled, random_weights
 
 
 def saturating_int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -107,7 +105,7 @@ def _attention_case(draw: st.DrawFn) -> AttentionCase:
             ints((n, kv_heads, dim), geometry.v_limit), keys, values, torch.tensor(cache_rows), torch.tensor(positions))
 
 
-@needs_kernels
+@needs_compiled
 @settings(max_examples=60, deadline=None)
 @given(st.composite(_attention_case)())
 def test_compiled_cached_attention_equals_the_torch_definition_bit_for_bit(case: AttentionCase) -> None:
@@ -132,7 +130,7 @@ def _small_attention() -> tuple[CompiledKernels, list[torch.Tensor]]:
     return CompiledKernels(geometry), [q, k, v, cache, cache.clone(), torch.arange(4), torch.full((4,), 49)]
 
 
-@needs_kernels
+@needs_compiled
 def test_compiled_cached_attention_is_right_when_called_from_many_threads_at_once() -> None:
     kernels, args = _small_attention()
     expected = kernels.attend_cached(*[a.clone() for a in args], 50)
@@ -151,7 +149,7 @@ def test_compiled_cached_attention_is_right_when_called_from_many_threads_at_onc
     assert results == [True] * 80
 
 
-@needs_kernels
+@needs_compiled
 def test_compiled_kernels_leave_the_callers_torch_thread_count_as_it_was() -> None:
     before = torch.get_num_threads()
     kernels, args = _small_attention()

@@ -33,7 +33,7 @@ def ngram_source() -> DraftSource:
     cheaper (``bench_exact_pass_cost.py``, 384 cached positions: 1×2 1.28× a 1×1 pass), and a
     single-token match is right too rarely to pay for it: SmolLM2, replayed on 12 held-out pieces each of
     code and prose, 1 KB and 4 KB, priced by those pass costs (``bench_codec_latency.py --replay 12``),
-    1.05–1.09× plain decoding against 0.99–1.03× with one-token matches (benchmarks/RESULTS.md, "Codec
+    1.05–1.10× plain decoding against 0.99–1.07× with one-token matches (benchmarks/RESULTS.md, "Codec
     drafts from two-token matches")."""
     return TokenNgramSource(min_n=2, max_n=16)
 
