@@ -139,7 +139,7 @@ def test_compiled_cached_attention_is_right_when_called_from_many_threads_at_onc
     def run() -> None:
         for _ in range(20):
             m, steps = kernels.attend_cached(*[a.clone() for a in args], 50)
-            results.append((m == expected[0]).all() and (steps == expected[1]).all())
+            results.append(np.array_equal(m, expected[0]) and np.array_equal(steps, expected[1]))
 
     threads = [threading.Thread(target=run) for _ in range(4)]
     for t in threads:
