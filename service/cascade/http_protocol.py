@@ -1,5 +1,6 @@
 """uvicorn's httptools protocol with the limits it lacks: header size and count (431) and a deadline
-for receiving a request's headers (408).
+for receiving a request's headers (408); a request it cannot parse gets its 400 in OpenAI's error
+shape too (uvicorn's own is plain text).
 
 Without them one client can make the server buffer a 64 MB header, send 10,000 headers, or hold a
 connection open forever by trickling a request line byte by byte. The limits act while bytes are
@@ -83,10 +84,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:
-        if self._refusal is not None:
-            self._refuse(*self._refusal)
-        else:
-            super().send_400_response(msg)
+        """A limit's refusal, or httptools' parse error (a garbage request line, a bad header name,
+        conflicting lengths, a bad chunk size) — in OpenAI's error shape like every other answer."""
+        self._refuse(*(self._refusal or (400, f"{msg.rstrip('.')}: the request line, a header or the body's "
+                                              "framing could not be parsed")))
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -110,9 +111,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """Answer outside any request cycle (none exists yet) and close: the rest of the stream
         cannot be parsed reliably."""
         self._cancel_header_timer()
-        body = json.dumps(error_body(status, message, code="request_header_fields_too_large" if status == 431
-                                     else "request_timeout")).encode()
-        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        code, reason = {400: ("invalid_http_request", b"Bad Request"), 408: ("request_timeout", b"Request Timeout"),
+                        431: ("request_header_fields_too_large", b"Request Header Fields Too Large")}[status]
+        body = json.dumps(error_body(status, message, code=code)).encode()
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
         self.transport.close()

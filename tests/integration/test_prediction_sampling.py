@@ -95,3 +95,13 @@ def test_usage_counts_only_prediction_tokens_inside_an_answer_cut_by_a_stop_sequ
             details = usage.completion_tokens_details
             assert text.startswith(answer) and len(answer) < len(text), (stop, answer)
             assert 0 < details.accepted_prediction_tokens < usage.completion_tokens, (stop, stream, usage)
+
+
+def test_a_seeded_sample_with_a_prediction_repeats_whatever_was_answered_before(openai_client) -> None:
+    """Earlier answers of the same scope are a draft source, and drafts decide which sample a seed
+    gives: a seeded request draws only on its own prediction, prompt and output, so it repeats."""
+    prediction = {"type": "content", "content": "import sys\nimport warnings\n\nfrom . import _core\n"}
+    texts = [openai_client.completions.create(model=MODEL, prompt="import os\n", max_tokens=20, temperature=0.8,
+                                              seed=11, extra_body={"prediction": prediction}).choices[0].text
+             for _ in range(4)]
+    assert len(set(texts)) == 1, texts

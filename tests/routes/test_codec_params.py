@@ -23,6 +23,7 @@ TEXT = {"content-type": "text/plain"}
     ("verify=banana", "verify"), ("verify=", "verify"), ("verify=truee", "verify"), ("lanes=65", "lanes"),
     ("precision_bits=12", "precision_bits"), ("unknown=1", "unknown"), ("top_k=abc&top_k=5", "top_k"),
     ("lanes=8&lanes=8", "lanes"), ("context=%FF", None), ("context=%ED%A0%80", None),
+    ("lane_tokens=32&segment_tokens=64", "segment_tokens"), ("=", None), ("=1", None),
 ])
 def test_a_bad_query_parameter_is_a_400_naming_it_and_its_code(fake_service: FakeService, query: str,
                                                                  param: str | None) -> None:
@@ -86,3 +87,35 @@ def test_a_codec_completion_on_a_service_without_the_codec_is_a_400_with_its_cod
                                                  "codec": {"mode": "encode"}})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "codec_disabled" and r.json()["error"]["param"] == "codec"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ('{"text": "\\ud800"}', "text"), ('{"text": "x", "context": "a\\udfffb"}', "context"),
+    ('{"text": "x", "lane_tokens": 32, "segment_tokens": 64}', "segment_tokens"), ('{"text": ', None),
+    ('[1, 2]', None),
+])
+def test_a_bad_compress_json_body_is_a_400_naming_the_field(fake_service: FakeService, body: str,
+                                                            param: str | None) -> None:
+    with fake_service.client() as client:
+        r = client.post("/compress", content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["code"], error
+
+
+@pytest.mark.parametrize(("query", "param"), [("bogus=1", "bogus"), ("lanes=-5", "lanes"),
+                                              ("model=3&model=3", "model")])
+def test_decompress_refuses_query_parameters_it_does_not_take(fake_service: FakeService, query: str,
+                                                              param: str) -> None:
+    with fake_service.client() as client:
+        raw = client.post(f"/decompress?{query}", content=b"CZ", headers={"content-type": "application/octet-stream"})
+        beside_json = client.post(f"/decompress?{query}", json={"data": "AAAA"})
+    for r in (raw, beside_json):
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param and r.json()["error"]["code"]
+
+
+def test_decompress_takes_the_model_in_its_query_and_checks_it(fake_service: FakeService) -> None:
+    with fake_service.client() as client:
+        r = client.post("/decompress?model=gpt-17", content=b"CZ", headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text

@@ -107,3 +107,44 @@ def test_a_wrong_type_in_a_union_field_is_a_400_naming_the_field_not_the_union_m
         r = client.post(path, json={"model": MODEL, **body})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(("path", "field", "value"), [
+    ("/v1/completions", "max_tokens", "5"),
+    ("/v1/completions", "max_tokens", True),
+    ("/v1/completions", "max_tokens", 100.0),
+    ("/v1/completions", "compression", "yes"),
+    ("/v1/completions", "seed", 1.5),
+    ("/v1/chat/completions", "n", "2"),
+    ("/v1/chat/completions", "stream", 1),
+    ("/v1/chat/completions", "temperature", "0.5"),
+])
+def test_a_value_of_the_wrong_json_type_is_a_400_not_coerced(service: FakeService, path: str, field: str,
+                                                             value: object) -> None:
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    with service.client() as client:
+        r = client.post(path, json={"model": MODEL, "max_tokens": 2, **body, field: value})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and error["code"], error
+
+
+def test_an_integer_reads_as_a_number_where_a_float_is_expected(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2, "temperature": 1,
+                                                 "top_p": 1, "logit_bias": {"5": 1}})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": "x = 1\n" * 600, "max_tokens": 1}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x = 1\n" * 600}], "max_tokens": 1}, "messages"),
+    ("/v1/completions", {"prompt": "x = 1\n" * 100, "max_tokens": 1000}, "max_tokens"),
+])
+def test_a_context_overflow_names_the_prompt_when_it_alone_fills_the_window(
+        service: FakeService, path: str, body: dict[str, object], param: str) -> None:
+    with service.client() as client:
+        r = client.post(path, json={"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", param), error

@@ -89,3 +89,30 @@ def test_the_text_continues_the_prompt_as_the_engine_detokenizes_it(tokenizer: o
     prompt = ids_of(tokenizer, "x =")
     ids = ids_of(tokenizer, " 1")
     assert render(tokenizer, ids, prompt=prompt) == (" 1", "length")
+
+
+def test_tokens_holding_part_of_a_character_get_distinct_names_real_bytes_and_character_offsets() -> None:
+    from cascade.api.completion_render import render_logprobs
+    from cascade.export.token_table import TokenTable
+
+    table = TokenTable(("", "", "x"), (b"\xe6\x97", b"\xa5", b"x"))  # "日" = e6 97 a5
+    position = TokenLogprobs(0, "", -0.1, (Candidate(0, "", -0.1), Candidate(1, "", -2.0), Candidate(2, "x", -3.0)))
+    closing = TokenLogprobs(1, "", -0.2, (Candidate(1, "", -0.2), Candidate(2, "x", -2.5)))
+    after = TokenLogprobs(2, "x", -0.3, (Candidate(2, "x", -0.3),))
+    delta = CompletionDelta(0, "日x", (0, 1, 2), None, logprobs=(position, closing, after))
+    completion = render_logprobs("completion", logprob_entries(delta, 2, "completion", table), 0)
+    assert completion["tokens"] == ["bytes:\\xe6\\x97", "bytes:\\xa5", "x"]
+    assert completion["top_logprobs"][0] == {"bytes:\\xe6\\x97": -0.1, "bytes:\\xa5": -2.0}
+    assert completion["text_offset"] == [0, 0, 1]
+    chat = logprob_entries(delta, 2, "chat", table)
+    assert [e["bytes"] for e in chat] == [[0xE6, 0x97], [0xA5], [ord("x")]]
+    assert bytes(chat[0]["bytes"] + chat[1]["bytes"]).decode() == "日"
+
+
+def test_the_engines_spelling_of_a_whole_token_is_kept() -> None:
+    from cascade.export.token_table import TokenTable
+
+    table = TokenTable(("Ġx",), (b" x",))
+    delta = CompletionDelta(0, " x", (0,), None, logprobs=(TokenLogprobs(0, " x", -0.5, (Candidate(0, " x", -0.5),)),))
+    entry = logprob_entries(delta, 1, "chat", table)[0]
+    assert entry["token"] == " x" and entry["bytes"] == [32, ord("x")]

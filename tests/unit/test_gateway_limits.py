@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -18,7 +19,7 @@ from cascade.app import create_app
 from cascade.engine.types import EngineFailedError
 from cascade.http_protocol import HeaderLimits, limited_protocol
 from cascade.settings import Settings
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 SETTINGS = {"max_header_bytes": 8192, "max_headers": 40, "header_timeout_seconds": 1.0,
@@ -45,6 +46,10 @@ def _add_test_routes(app: FastAPI) -> None:
     @app.post("/v1/echo")
     async def echo(body: dict[str, Any]) -> dict[str, Any]:
         return body
+
+    @app.post("/v1/raw")
+    async def raw(request: Request) -> dict[str, int]:
+        return {"bytes": sum([len(chunk) async for chunk in request.stream()])}
 
     @app.get("/v1/slow")
     async def slow() -> dict[str, str]:
@@ -225,3 +230,38 @@ def test_a_slow_but_steady_upload_outlasts_the_body_timeout(server: tuple[str, i
             time.sleep(0.2)
         reply = _read_reply(sock)
     assert _status(reply) == 200, reply[:300]
+
+
+@pytest.mark.parametrize("path", ["/v1/echo", "/v1/raw"])
+def test_a_client_gone_before_its_body_ended_counts_as_499_never_a_500(
+        server: tuple[str, int, FastAPI], path: str, caplog: pytest.LogCaptureFixture) -> None:
+    host, port, app = server
+    requests = app.state.gateway.metrics.requests
+    gone = requests.labels(path, "POST", "499")
+    before = gone._value.get()
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100000\r\n\r\n{\"a\": \"aaaa".encode())
+        time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while gone._value.get() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone._value.get() == before + 1
+    assert requests.labels(path, "POST", "500")._value.get() == 0
+    assert "unhandled error" not in caplog.text
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GARBAGE\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header: v\r\n\r\n",
+    b"POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+], ids=["request line", "header name", "length and chunked"])
+def test_a_request_that_cannot_be_parsed_is_a_400_in_openais_shape(server: tuple[str, int, FastAPI],
+                                                                    request_bytes: bytes) -> None:
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(request_bytes)
+        reply = _read_reply(sock)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert _status(reply) == 400 and b"content-type: application/json" in head.lower(), reply
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"

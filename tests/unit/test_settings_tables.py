@@ -33,3 +33,5 @@ def test_readme_tables_are_the_generated_ones(table: Callable[[], int]) -> None:
     stale = [line for line in out.getvalue().splitlines() if line not in readme]
     flag = " --limits" if table is limits_table else ""
     assert not stale, f"README is out of date; regenerate with `cascade config-table{flag}`: {stale}"
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("|")]
+    assert "\n".join(rows) in readme, f"README's table has rows the generated one lacks: `cascade config-table{flag}`"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, TypeVar
@@ -17,7 +18,7 @@ from pydantic import AfterValidator, Field, ValidationError
 from cascade.api.deps import get_gateway, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.middleware import BodyRefusedError
-from cascade.api.openai_protocol import StrictModel
+from cascade.api.openai_protocol import LoneSurrogateError, StrictModel
 from cascade.api.streaming import (
     SSE_HEADERS,
     BodyThenDisconnectResponse,
@@ -41,6 +42,8 @@ from cascade.metrics import Metrics
 from cascade.settings import Settings
 
 T = TypeVar("T")
+P = TypeVar("P", bound="CompressParams")
+M = TypeVar("M", bound=StrictModel)
 router = APIRouter(tags=["codec"])
 OCTET = "application/octet-stream"
 
@@ -66,9 +69,12 @@ class CompressBody(CompressParams):
     text: str
 
 
-class DecompressBody(StrictModel):
-    data: str
+class DecompressParams(StrictModel):
     model: str | None = None
+
+
+class DecompressBody(DecompressParams):
+    data: str
 
 
 def get_codec(request: Request) -> CodecPipeline:
@@ -181,6 +187,8 @@ def _query(request: Request) -> dict[str, object]:
                        code="invalid_query_string") from None
     query: dict[str, object] = {}
     for key, raw in pairs:
+        if not key:
+            raise APIError(400, "Invalid query string: a parameter without a name", code="invalid_query_string")
         if key in query:
             raise APIError(400, f"Invalid query parameter '{key}': given more than once",
                            param=key, code="duplicate_parameter")
@@ -190,9 +198,34 @@ def _query(request: Request) -> dict[str, object]:
 
 def _invalid(exc: ValidationError, where: str) -> APIError:
     first = exc.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
+    loc = [str(p) for p in first["loc"]]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, LoneSurrogateError):
+        loc += [str(p) for p in cause.path]
+    param = ".".join(loc) or None
     what = f"{where} '{param}'" if param else "request body"
     return APIError(400, f"Invalid {what}: {first['msg']}", param=param, code="invalid_parameter")
+
+
+def _json_body(model: type[M], data: bytes) -> M:
+    """A JSON body validated strictly. Parsed by ``json`` first, which keeps a lone surrogate escape
+    (``"\\ud800"``) as text, so the 400 names the field holding it, as on the ``/v1`` routes."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    try:
+        return model.model_validate(value, strict=True)
+    except ValidationError as exc:
+        raise _invalid(exc, "value for") from None
+
+
+def _one_spelling(params: P) -> P:
+    """``segment_tokens`` is ``lane_tokens``'s deprecated name: both at once is a 400, not one dropped."""
+    if params.lane_tokens is not None and params.segment_tokens is not None:
+        raise APIError(400, "Give lane_tokens or its deprecated name segment_tokens, not both",
+                       param="segment_tokens", code="duplicate_parameter")
+    return params
 
 
 async def _compress_params(request: Request, settings: Settings) -> tuple[CompressParams, AsyncIterator[bytes]]:
@@ -206,17 +239,14 @@ async def _compress_params(request: Request, settings: Settings) -> tuple[Compre
             name = next(iter(query))
             raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
                                 "body", param=name, code="parameter_outside_body")
-        try:
-            body = CompressBody.model_validate_json(await request.body(), strict=True)
-        except ValidationError as exc:
-            raise _invalid(exc, "value for") from None
-        return body, _one(body.text.encode("utf-8"))
+        body = _json_body(CompressBody, await request.body())
+        return _one_spelling(body), _one(body.text.encode("utf-8"))
     if content_type in ("text/plain", OCTET, ""):
         try:
             params = CompressParams.model_validate(query, strict=True)
         except ValidationError as exc:
             raise _invalid(exc, "query parameter") from None
-        return params, request.stream()
+        return _one_spelling(params), request.stream()
     raise APIError(415, f"unsupported content type '{content_type}': send application/json, text/plain or "
                         f"{OCTET}", code="unsupported_media_type")
 
@@ -303,11 +333,13 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
 
 async def _container_source(request: Request, settings: Settings) -> AsyncIterator[bytes]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    query = _query(request)
     if content_type == "application/json":
-        try:
-            body = DecompressBody.model_validate_json(await request.body(), strict=True)
-        except ValidationError as exc:
-            raise _invalid(exc, "value for") from None
+        if query:
+            name = next(iter(query))
+            raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
+                                "body", param=name, code="parameter_outside_body")
+        body = _json_body(DecompressBody, await request.body())
         _check_model(body.model, settings)
         try:
             data = base64.b64decode(body.data, validate=True)
@@ -315,6 +347,11 @@ async def _container_source(request: Request, settings: Settings) -> AsyncIterat
             raise APIError(400, "data is not valid base64", param="data", code="invalid_base64") from None
         return _one(data)
     if content_type in (OCTET, ""):
+        try:
+            params = DecompressParams.model_validate(query, strict=True)
+        except ValidationError as exc:
+            raise _invalid(exc, "query parameter") from None
+        _check_model(params.model, settings)
         return _limited(request.stream(), settings.codec_max_input_bytes)
     raise APIError(415, f"unsupported content type '{content_type}': send {OCTET} or application/json",
                    code="unsupported_media_type")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from cascade.api.openai_protocol import SamplingFields
 from cascade.api.predictions import PredictionUsage
 from cascade.engine.types import CompletionDelta, TokenLogprobs
+from cascade.export.token_table import TokenTable
 
 Kind = Literal["chat", "completion"]
 
@@ -23,48 +25,71 @@ class Choice:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
 
-    def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind) -> None:
+    def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None) -> None:
         self.text += delta.text
         self.tokens += len(delta.token_ids)
-        self.logprobs += logprob_entries(delta, top_n, kind)
+        self.logprobs += logprob_entries(delta, top_n, kind, table)
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 
 LOGPROB_FLOOR = -9999.0
 
 
-def _top_entry(token: str, logprob: float) -> dict[str, Any]:
+def token_spelling(data: bytes) -> str:
+    """A token's text; bytes that are not UTF-8 on their own (part of a character) are spelled as
+    OpenAI's legacy completions spell them, ``bytes:\\xe6\\x97``, so distinct tokens keep distinct
+    names (``top_logprobs`` keys) and the ``bytes`` field still holds the real bytes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+
+def _top_entry(token_id: int, decoded: str, logprob: float, table: TokenTable | None) -> dict[str, Any]:
     """A token and its log-probability; a token the request's constraints ruled out (−inf: grammar,
-    ``allowed_token_ids``) shows as −9999.0, OpenAI's floor, because JSON has no infinity."""
-    return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(token.encode("utf-8"))}
+    ``allowed_token_ids``) shows as −9999.0, OpenAI's floor, because JSON has no infinity. The
+    engine's spelling is kept unless it lost the token's bytes (``""`` or U+FFFD for part of a
+    character): then the token table's bytes name it."""
+    data = table.data(token_id) if table is not None else b""
+    if data and (not decoded or "\ufffd" in decoded):
+        token = token_spelling(data)
+    else:
+        token, data = decoded, decoded.encode("utf-8")
+    return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(data)}
 
 
-def _entry(position: TokenLogprobs, top_n: int, kind: Kind) -> dict[str, Any]:
+def _entry(position: TokenLogprobs, top_n: int, kind: Kind, table: TokenTable | None) -> dict[str, Any]:
     """Chat's ``top_logprobs`` are the ``top_n`` best; completions' also hold the sampled token
     (OpenAI's legacy rule, so ``logprobs: 0`` still shows it)."""
     best = [c for c in position.candidates[:top_n] if kind == "chat" or c.token_id != position.token_id]
     if kind == "completion":
         chosen = next(c for c in position.candidates if c.token_id == position.token_id)
         best = sorted([*best, chosen], key=lambda c: -c.logprob)
-    entry = _top_entry(position.token, position.logprob)
-    entry["top_logprobs"] = [_top_entry(c.token, c.logprob) for c in best]
+    entry = _top_entry(position.token_id, position.token, position.logprob, table)
+    entry["top_logprobs"] = [_top_entry(c.token_id, c.token, c.logprob, table) for c in best]
     return entry
 
 
-def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind) -> list[dict[str, Any]]:
-    """OpenAI per-token entries for a delta (none when logprobs were not asked for)."""
+def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind,
+                    table: TokenTable | None = None) -> list[dict[str, Any]]:
+    """OpenAI per-token entries for a delta (none when logprobs were not asked for); ``table`` spells
+    tokens the engine could not decode alone."""
     if top_n is None or delta.logprobs is None:
         return []
-    return [_entry(position, top_n, kind) for position in delta.logprobs]
+    return [_entry(position, top_n, kind, table) for position in delta.logprobs]
 
 
 def render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int) -> dict[str, Any]:
+    """Chat's ``content`` list, or completions' parallel lists. A ``text_offset`` counts the characters
+    of the text before the token: a token holding part of a character moves it only once the
+    character is complete."""
     if kind == "chat":
         return {"content": entries}
     offsets, pos = [], text_offset
+    characters = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for entry in entries:
         offsets.append(pos)
-        pos += len(entry["token"])
+        pos += len(characters.decode(bytes(entry["bytes"])))
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}

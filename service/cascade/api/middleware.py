@@ -53,6 +53,8 @@ class BodyReader:
         self.received = 0
         self.waited = 0.0
         self.complete = False
+        self.cut_off = False
+        """The client went away before its body was complete."""
         self.refused: tuple[int, str, str] | None = None
 
     async def receive(self) -> Message:
@@ -74,6 +76,7 @@ class BodyReader:
                 self.refused = (413, f"Request body is larger than the limit of {self.limit} bytes", "body_too_large")
                 raise BodyRefusedError(*self.refused)
         else:
+            self.cut_off = message["type"] == "http.disconnect"
             self.complete = True
         return message
 
@@ -173,9 +176,10 @@ class GatewayMiddleware:
             await send(message)
 
         async def app_send(message: Message) -> None:
-            # A handler that caught the body-limit error while parsing (FastAPI turns it into "error
-            # parsing the body", 400) must not answer: the client gets the 413 / 408 below instead.
-            if body.refused is not None and not status_holder["started"]:
+            # A handler that caught the body-limit error or the hang-up while parsing (FastAPI turns
+            # either into "error parsing the body", 400) must not answer: the client gets the 413 / 408
+            # below instead, or nothing (it is gone) and the request counts as a 499.
+            if (body.refused is not None or body.cut_off) and not status_holder["started"]:
                 return
             await send_wrapper(message)
 
@@ -212,10 +216,12 @@ class GatewayMiddleware:
                         await self._deadline_passed(send_wrapper, status_holder, deadline)
                     elif status_holder["started"]:
                         raise
-                    else:
+                    elif not body.cut_off:
                         await self._unexpected(send_wrapper, exc, path, rid)
                 if body.refused is not None and not status_holder["started"]:
                     await self._reply(send_wrapper, *body.refused)
+                elif body.cut_off and not status_holder["started"]:
+                    status_holder["status"] = 499  # nobody to answer: counted as the client's, not a 500
             finally:
                 self.inflight -= slot
                 self.metrics.inflight.dec(slot)

@@ -47,10 +47,12 @@ class LoneSurrogateError(ValueError):
 
 
 class StrictModel(BaseModel):
-    """Rejects unknown fields (a typo must not silently change what the user asked for) and text
-    that is not valid Unicode (a 400 naming the field, not a 500 deep in the tokenizer)."""
+    """Rejects unknown fields (a typo must not silently change what the user asked for), values of
+    the wrong JSON type (``"5"``, ``true`` or ``1e2`` for an integer, ``"yes"`` for a boolean: a 400
+    as OpenAI answers, not a guess; an integer still reads as a number) and text that is not valid
+    Unicode (a 400 naming the field, not a 500 deep in the tokenizer)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -218,7 +220,7 @@ class JsonSchema(StrictModel):
     schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(default_factory=dict)
     strict: bool | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
 class ResponseFormat(StrictModel):

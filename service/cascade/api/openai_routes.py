@@ -24,7 +24,7 @@ from cascade.api.completion_render import (
     stream_flags,
     usage,
 )
-from cascade.api.deps import get_engines, get_metrics, get_settings, request_id
+from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_words
 from cascade.api.input_bounds import tokenize as tokenize_text
@@ -40,6 +40,7 @@ from cascade.codec.sampling_codec import SamplingEncoder
 from cascade.engine.config import EngineRole
 from cascade.engine.manager import EngineManager
 from cascade.engine.types import CompletionDelta, Generation, GenerationRequest
+from cascade.export.token_table import TokenTable
 from cascade.metrics import Metrics
 from cascade.settings import Settings
 
@@ -61,6 +62,8 @@ class Plan:
     codec: SamplingEncoder | None = None
     continuous_usage: bool = False
     cached_tokens: dict[int, int] = field(default_factory=dict)
+    tokens: TokenTable | None = None
+    """Spells the tokens of logprobs (set when they were asked for)."""
 
     def observe(self, prompt_index: int, output: Generation) -> None:
         """Remember how many prompt tokens the engine's prefix cache served (reported per prompt)."""
@@ -87,7 +90,7 @@ async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice
         plan.observe(prompt_index, output)
         for delta in output.completions:
             choices.setdefault(prompt_index * plan.request.n + delta.index, Choice()).add(
-                delta, plan.top_logprobs, plan.kind)
+                delta, plan.top_logprobs, plan.kind, plan.tokens)
             plan.observe_delta(delta)
     return choices
 
@@ -144,7 +147,7 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             metrics.completion_tokens.labels(plan.kind).inc(len(delta.token_ids))
             logprobs = None
             if plan.top_logprobs is not None:
-                entries = logprob_entries(delta, plan.top_logprobs, plan.kind)
+                entries = logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
                 logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0))
             text_offsets[index] = text_offsets.get(index, 0) + len(delta.text)
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True)
@@ -231,7 +234,8 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                                   vocab_size=vocab, stream=stream, prediction=prediction)
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
-                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body))
+                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
+                tokens=get_gateway(request).token_table() if body.logprobs is not None else None)
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -246,7 +250,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     engines.check_ready()
     prompt = await chat_prompt_from_messages(engines, body.messages, settings.max_model_len)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param)
+    max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param,
+                                    prompt_param="messages")
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
@@ -256,5 +261,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                                   vocab_size=len(engines.tokenizer), stream=stream, prediction=prediction,
                                   grammar=response_grammar(body))
     plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
-                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body))
+                role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
+                tokens=get_gateway(request).token_table() if top is not None else None)
     return await _respond(request, plan, settings, engines, metrics)

@@ -64,13 +64,19 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str, what: str | Non
     return tuple(ids)
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Settings, param: str) -> int:
-    """The completion budget: what was asked for, bounded by the context window and the limit."""
+def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Settings, param: str,
+                       prompt_param: str = "prompt") -> int:
+    """The completion budget: what was asked for, bounded by the context window and the limit. A
+    prompt that fills the window alone is the prompt's fault (``prompt_param``), whatever was asked."""
     room = settings.max_model_len - prompt_len
-    if room <= 0 or (requested is not None and requested > room):
-        asked = f" plus {requested} completion tokens" if requested is not None else ""
+    if room <= 0:
         raise APIError(400, f"This model's maximum context length is {settings.max_model_len} tokens; the "
-                            f"prompt has {prompt_len} tokens{asked}. Shorten the prompt or lower {param}.",
+                            f"prompt alone has {prompt_len} tokens, leaving no room for a completion. Shorten "
+                            "the prompt.", param=prompt_param, code="context_length_exceeded")
+    if requested is not None and requested > room:
+        raise APIError(400, f"This model's maximum context length is {settings.max_model_len} tokens; the "
+                            f"prompt has {prompt_len} tokens plus {requested} completion tokens. Shorten the "
+                            f"prompt or lower {param}.",
                        param=param, code="context_length_exceeded")
     if requested is not None and requested > settings.max_tokens_limit:
         raise APIError(400, f"{param} may be at most {settings.max_tokens_limit}", param=param)

@@ -103,10 +103,13 @@ class StaticTextProposer:
         # adaptive requests take ``PredictionState``'s own default, the one ``simulate`` runs
         lengths: DraftLength | None = None if spec.get("adaptive", True) else FixedLength(self.k)
         scope = str(spec.get("scope", ""))
+        params = getattr(request, "sampling_params", None)
+        sampled = is_sampled(params)
+        # a seeded sample depends on the drafts: only the request's own may shape it, so it repeats
+        responses = None if sampled and getattr(params, "seed", None) is not None else self.responses.source(scope)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
-                                sampled=is_sampled(getattr(request, "sampling_params", None)),
-                                responses=self.responses.source(scope))
+                                sampled=sampled, responses=responses)
         self.states[req_id] = state
         self.scopes[req_id] = scope
         self.ledgers[req_id] = PredictionLedger()
