@@ -85,7 +85,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """A limit's refusal, or httptools' parse error (a garbage request line, a bad header name,
-        conflicting lengths, a bad chunk size) — in OpenAI's error shape like every other answer."""
+        conflicting lengths, a bad chunk size) — in OpenAI's error shape like every other answer. Once a
+        response has begun (a bad chunk further into a body the app already answers), another status line
+        would corrupt it: the connection just closes."""
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+            return
         self._refuse(*(self._refusal or (400, f"{msg.rstrip('.')}: the request line, a header or the body's "
                                               "framing could not be parsed")))
 

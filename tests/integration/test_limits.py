@@ -52,7 +52,7 @@ OVER_LIMIT = {
     "max_tokens_over_context": ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": S.max_model_len},
                                 "max_tokens"),
     "prompt_tokens_over_context": ("/v1/completions", {"model": MODEL, "prompt": [7] * (S.max_model_len + 1),
-                                                       "max_tokens": 1}, "max_tokens"),
+                                                       "max_tokens": 1}, "prompt"),
     "prompts_per_request": ("/v1/completions", {"model": MODEL, "prompt": ["a"] * 65, "max_tokens": 1}, "prompt"),
     "prediction_token_ids": ("/v1/chat/completions", {**CHAT, "prediction": {
         "type": "content", "token_ids": [5] * (S.max_prediction_tokens + 1)}}, "prediction"),

@@ -92,7 +92,7 @@ def test_a_codec_completion_on_a_service_without_the_codec_is_a_400_with_its_cod
 @pytest.mark.parametrize(("body", "param"), [
     ('{"text": "\\ud800"}', "text"), ('{"text": "x", "context": "a\\udfffb"}', "context"),
     ('{"text": "x", "lane_tokens": 32, "segment_tokens": 64}', "segment_tokens"), ('{"text": ', None),
-    ('[1, 2]', None),
+    ('[1, 2]', None), ('{"text": "x", "lanes": 8, "lanes": 4}', "lanes"),
 ])
 def test_a_bad_compress_json_body_is_a_400_naming_the_field(fake_service: FakeService, body: str,
                                                             param: str | None) -> None:

@@ -148,3 +148,19 @@ def test_a_context_overflow_names_the_prompt_when_it_alone_fills_the_window(
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert (error["code"], error["param"]) == ("context_length_exceeded", param), error
+
+
+def test_a_kcbs_context_overflow_by_messages_names_messages(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/kcbs", json={"model": MODEL, "messages": [{"role": "user", "content": "x = 1\n" * 600}],
+                                          "beam_width": 2, "steps": 2})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("context_length_exceeded", "messages")
+
+
+@pytest.mark.parametrize("key", ["٣", " 5", "+5", "1_0", "5.0"])
+def test_logit_bias_keys_are_token_ids_in_ascii_digits(service: FakeService, key: str) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1,
+                                                 "logit_bias": {key: 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text

@@ -92,21 +92,23 @@ def test_the_text_continues_the_prompt_as_the_engine_detokenizes_it(tokenizer: o
 
 
 def test_tokens_holding_part_of_a_character_get_distinct_names_real_bytes_and_character_offsets() -> None:
-    from cascade.api.completion_render import render_logprobs
+    """As vLLM decodes them: a token starting a character is "", the one ending it the whole character."""
+    from cascade.api.completion_render import render_logprobs, text_lengths
     from cascade.export.token_table import TokenTable
 
-    table = TokenTable(("", "", "x"), (b"\xe6\x97", b"\xa5", b"x"))  # "日" = e6 97 a5
-    position = TokenLogprobs(0, "", -0.1, (Candidate(0, "", -0.1), Candidate(1, "", -2.0), Candidate(2, "x", -3.0)))
-    closing = TokenLogprobs(1, "", -0.2, (Candidate(1, "", -0.2), Candidate(2, "x", -2.5)))
+    table = TokenTable(("", "", "x", "a"), (b"\xe6\x97", b"\xa5", b"x", b"a"))  # "日" = e6 97 a5
+    first = TokenLogprobs(3, "a", -0.1, (Candidate(3, "a", -0.1),))
+    starting = TokenLogprobs(0, "", -0.1, (Candidate(0, "", -0.1), Candidate(1, "", -2.0), Candidate(2, "x", -3.0)))
+    ending = TokenLogprobs(1, "日", -0.2, (Candidate(1, "日", -0.2), Candidate(2, "x", -2.5)))
     after = TokenLogprobs(2, "x", -0.3, (Candidate(2, "x", -0.3),))
-    delta = CompletionDelta(0, "日x", (0, 1, 2), None, logprobs=(position, closing, after))
-    completion = render_logprobs("completion", logprob_entries(delta, 2, "completion", table), 0)
-    assert completion["tokens"] == ["bytes:\\xe6\\x97", "bytes:\\xa5", "x"]
-    assert completion["top_logprobs"][0] == {"bytes:\\xe6\\x97": -0.1, "bytes:\\xa5": -2.0}
-    assert completion["text_offset"] == [0, 0, 1]
+    delta = CompletionDelta(0, "a日x", (3, 0, 1, 2), None, logprobs=(first, starting, ending, after))
+    completion = render_logprobs("completion", logprob_entries(delta, 2, "completion", table), 0,
+                                 text_lengths(delta, 2))
+    assert completion["tokens"] == ["a", "bytes:\\xe6\\x97", "bytes:\\xa5", "x"]
+    assert completion["top_logprobs"][1] == {"bytes:\\xe6\\x97": -0.1, "bytes:\\xa5": -2.0}
+    assert completion["text_offset"] == [0, 1, 1, 2]
     chat = logprob_entries(delta, 2, "chat", table)
-    assert [e["bytes"] for e in chat] == [[0xE6, 0x97], [0xA5], [ord("x")]]
-    assert bytes(chat[0]["bytes"] + chat[1]["bytes"]).decode() == "日"
+    assert b"".join(bytes(e["bytes"]) for e in chat).decode() == "a日x"
 
 
 def test_the_engines_spelling_of_a_whole_token_is_kept() -> None:

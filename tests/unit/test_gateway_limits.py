@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from cascade.api.streaming import BodyThenDisconnectResponse, track_end
 from cascade.app import create_app
 from cascade.engine.types import EngineFailedError
 from cascade.http_protocol import HeaderLimits, limited_protocol
@@ -50,6 +51,18 @@ def _add_test_routes(app: FastAPI) -> None:
     @app.post("/v1/raw")
     async def raw(request: Request) -> dict[str, int]:
         return {"bytes": sum([len(chunk) async for chunk in request.stream()])}
+
+    @app.post("/v1/answer-while-reading")
+    async def answer_while_reading(request: Request) -> StreamingResponse:
+        """Like a raw /compress: the 200 and a first part go out while the upload still arrives."""
+        done = asyncio.Event()
+
+        async def parts() -> AsyncIterator[bytes]:
+            yield b"header"
+            async for chunk in track_end(request.stream(), done):
+                yield chunk[:1]
+
+        return BodyThenDisconnectResponse(parts(), done)
 
     @app.get("/v1/slow")
     async def slow() -> dict[str, str]:
@@ -232,13 +245,13 @@ def test_a_slow_but_steady_upload_outlasts_the_body_timeout(server: tuple[str, i
     assert _status(reply) == 200, reply[:300]
 
 
-@pytest.mark.parametrize("path", ["/v1/echo", "/v1/raw"])
+@pytest.mark.parametrize("path", ["/v1/echo", "/v1/raw", "/v1/answer-while-reading"])
 def test_a_client_gone_before_its_body_ended_counts_as_499_never_a_500(
         server: tuple[str, int, FastAPI], path: str, caplog: pytest.LogCaptureFixture) -> None:
     host, port, app = server
     requests = app.state.gateway.metrics.requests
-    gone = requests.labels(path, "POST", "499")
-    before = gone._value.get()
+    gone, answered = requests.labels(path, "POST", "499"), requests.labels(path, "POST", "200")
+    before, answered_before = gone._value.get(), answered._value.get()
     with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      "Content-Length: 100000\r\n\r\n{\"a\": \"aaaa".encode())
@@ -248,7 +261,8 @@ def test_a_client_gone_before_its_body_ended_counts_as_499_never_a_500(
         time.sleep(0.05)
     assert gone._value.get() == before + 1
     assert requests.labels(path, "POST", "500")._value.get() == 0
-    assert "unhandled error" not in caplog.text
+    assert answered._value.get() == answered_before
+    assert "unhandled error" not in caplog.text and "Exception in ASGI application" not in caplog.text
 
 
 @pytest.mark.parametrize("request_bytes", [

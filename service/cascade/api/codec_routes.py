@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import AfterValidator, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from cascade.api.deps import get_gateway, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
@@ -75,6 +76,12 @@ class DecompressParams(StrictModel):
 
 class DecompressBody(DecompressParams):
     data: str
+
+
+def _count_error(metrics: Metrics, exc: BaseException) -> None:
+    """A codec failure for operators; a client hanging up mid-upload is not one (the access log counts it 499)."""
+    if not isinstance(exc, ClientDisconnect):
+        metrics.codec_errors.labels(type(exc).__name__).inc()
 
 
 def get_codec(request: Request) -> CodecPipeline:
@@ -207,11 +214,30 @@ def _invalid(exc: ValidationError, where: str) -> APIError:
     return APIError(400, f"Invalid {what}: {first['msg']}", param=param, code="invalid_parameter")
 
 
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (like a query parameter: a repeat is a 400, not last-wins)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
 def _json_body(model: type[M], data: bytes) -> M:
     """A JSON body validated strictly. Parsed by ``json`` first, which keeps a lone surrogate escape
     (``"\\ud800"``) as text, so the 400 names the field holding it, as on the ``/v1`` routes."""
     try:
-        value = json.loads(data)
+        value = json.loads(data, object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as exc:
+        raise APIError(400, f"Invalid value for '{exc.key}': given more than once", param=exc.key,
+                       code="duplicate_parameter") from None
     except (ValueError, RecursionError) as exc:
         raise APIError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     try:
@@ -287,7 +313,7 @@ async def compress(request: Request, settings: Settings = Depends(get_settings),
 
     def account(failed: BaseException | None) -> None:
         if failed is not None:
-            metrics.codec_errors.labels(type(failed).__name__).inc()
+            _count_error(metrics, failed)
             return
         metrics.codec_tokens.labels("compress").inc(stats.tokens)
         metrics.codec_bits.inc(stats.payload_bits)
@@ -373,7 +399,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
         except APIError:
             raise
         except Exception as exc:
-            metrics.codec_errors.labels(type(exc).__name__).inc()
+            _count_error(metrics, exc)
             raise _as_api_error(exc) from None
         return Response(b"".join(parts), media_type="text/plain; charset=utf-8")
 
@@ -390,7 +416,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
                 yield sse_event("text", payload)
             yield sse_event("done", {"segments": segments, "bytes": total, "verified": True})
         except Exception as exc:
-            metrics.codec_errors.labels(type(exc).__name__).inc()
+            _count_error(metrics, exc)
             raise
 
     return BodyThenDisconnectResponse(_guarded(events()), body_done, media_type="text/event-stream",

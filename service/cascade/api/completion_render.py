@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import codecs
+import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -23,12 +23,14 @@ class Choice:
     text: str = ""
     tokens: int = 0
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    characters: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
     def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None) -> None:
         self.text += delta.text
         self.tokens += len(delta.token_ids)
         self.logprobs += logprob_entries(delta, top_n, kind, table)
+        self.characters += text_lengths(delta, top_n)
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 
@@ -47,15 +49,26 @@ def token_spelling(data: bytes) -> str:
 
 def _top_entry(token_id: int, decoded: str, logprob: float, table: TokenTable | None) -> dict[str, Any]:
     """A token and its log-probability; a token the request's constraints ruled out (−inf: grammar,
-    ``allowed_token_ids``) shows as −9999.0, OpenAI's floor, because JSON has no infinity. The
-    engine's spelling is kept unless it lost the token's bytes (``""`` or U+FFFD for part of a
-    character): then the token table's bytes name it."""
-    data = table.data(token_id) if table is not None else b""
-    if data and (not decoded or "\ufffd" in decoded):
-        token = token_spelling(data)
-    else:
+    ``allowed_token_ids``) shows as −9999.0, OpenAI's floor, because JSON has no infinity.
+
+    The engine's spelling is kept when it is the token's own whole text. A token holding part of a
+    character is ``""`` to the engine when it starts the character and the whole character when it
+    ends it; such a token is named by its own bytes (the token table's), so ``bytes`` joined over the
+    answer are its text and distinct tokens keep distinct names."""
+    own = table.data(token_id) if table is not None else b""
+    if decoded and "\ufffd" not in decoded and (not own or _utf8(own)):
         token, data = decoded, decoded.encode("utf-8")
+    else:
+        token, data = token_spelling(own), own
     return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(data)}
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _entry(position: TokenLogprobs, top_n: int, kind: Kind, table: TokenTable | None) -> dict[str, Any]:
@@ -79,17 +92,20 @@ def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind,
     return [_entry(position, top_n, kind, table) for position in delta.logprobs]
 
 
-def render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int) -> dict[str, Any]:
-    """Chat's ``content`` list, or completions' parallel lists. A ``text_offset`` counts the characters
-    of the text before the token: a token holding part of a character moves it only once the
-    character is complete."""
+def text_lengths(delta: CompletionDelta, top_n: int | None) -> list[int]:
+    """Characters each logprob entry's token adds to the text (the engine's spellings add up to it)."""
+    if top_n is None or delta.logprobs is None:
+        return []
+    return [len(position.token) for position in delta.logprobs]
+
+
+def render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int,
+                    characters: list[int]) -> dict[str, Any]:
+    """Chat's ``content`` list, or completions' parallel lists; a ``text_offset`` counts the characters
+    of the text before its token (``characters``: ``text_lengths`` of the entries)."""
     if kind == "chat":
         return {"content": entries}
-    offsets, pos = [], text_offset
-    characters = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for entry in entries:
-        offsets.append(pos)
-        pos += len(characters.decode(bytes(entry["bytes"])))
+    offsets = list(itertools.accumulate(characters[:-1], initial=text_offset)) if characters else []
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}

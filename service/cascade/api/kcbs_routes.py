@@ -110,7 +110,7 @@ async def kcbs(body: KcbsRequest, request: Request,
     room = settings.max_model_len - len(prompt)
     if room < 1:
         raise APIError(400, f"prompt has {len(prompt)} tokens; the context is {settings.max_model_len}",
-                       param="prompt", code="context_length_exceeded")
+                       param="prompt" if body.prompt is not None else "messages", code="context_length_exceeded")
     if body.steps > room:
         raise APIError(400, f"steps may be at most {room} for this prompt (max_model_len − prompt tokens)",
                        param="steps")

@@ -214,14 +214,16 @@ class GatewayMiddleware:
                 except Exception as exc:
                     if isinstance(exc, TimeoutError) and timer.expired():
                         await self._deadline_passed(send_wrapper, status_holder, deadline)
+                    elif body.cut_off:
+                        pass  # the client hung up mid-upload (before or after our 200): nobody to answer
                     elif status_holder["started"]:
                         raise
-                    elif not body.cut_off:
+                    else:
                         await self._unexpected(send_wrapper, exc, path, rid)
                 if body.refused is not None and not status_holder["started"]:
                     await self._reply(send_wrapper, *body.refused)
-                elif body.cut_off and not status_holder["started"]:
-                    status_holder["status"] = 499  # nobody to answer: counted as the client's, not a 500
+                elif body.cut_off:
+                    status_holder["status"] = 499  # counted as the client's, not as a 500 or a 200
             finally:
                 self.inflight -= slot
                 self.metrics.inflight.dec(slot)

@@ -22,6 +22,7 @@ from cascade.api.completion_render import (
     logprob_entries,
     render_logprobs,
     stream_flags,
+    text_lengths,
     usage,
 )
 from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, request_id
@@ -119,7 +120,8 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     body = envelope(plan.kind, rid, settings.model_name, chunk=False)
     body["choices"] = [
         choice_body(plan.kind, index, choices[index].text,
-                    render_logprobs(plan.kind, choices[index].logprobs, 0) if plan.top_logprobs is not None else None,
+                    render_logprobs(plan.kind, choices[index].logprobs, 0, choices[index].characters)
+                    if plan.top_logprobs is not None else None,
                     choices[index].finish_reason, chunk=False)
         for index in sorted(choices)]
     body["usage"] = plan.usage(prompt_tokens, completion_tokens)
@@ -148,7 +150,8 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             logprobs = None
             if plan.top_logprobs is not None:
                 entries = logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
-                logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0))
+                logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0),
+                                           text_lengths(delta, plan.top_logprobs))
             text_offsets[index] = text_offsets.get(index, 0) + len(delta.text)
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True)
             chunk["choices"] = [choice_body(plan.kind, index, delta.text, logprobs, delta.finish_reason, chunk=True,

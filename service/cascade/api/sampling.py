@@ -40,10 +40,10 @@ def _logit_bias(request: SamplingFields, vocab_size: int) -> dict[int, float] | 
         return None
     bias: dict[int, float] = {}
     for key, value in request.logit_bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise APIError(400, f"logit_bias keys must be token ids, got '{key}'", param="logit_bias") from None
+        if not (key.isascii() and key.isdigit()):
+            raise APIError(400, f"logit_bias keys must be token ids in ASCII digits, got '{key}'",
+                           param="logit_bias", code="invalid_value")
+        token = int(key)
         if not 0 <= token < vocab_size:
             raise APIError(400, f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})",
                            param="logit_bias")
