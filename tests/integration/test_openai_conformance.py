@@ -136,3 +136,26 @@ def test_image_parts_are_refused_as_unsupported_images(openai_client) -> None:
                                               max_tokens=4)
     assert "image" in caught.value.body["message"] and "not supported" in caught.value.body["message"]
     assert caught.value.body["param"] == "messages.0.content"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_logprobs_name_part_character_tokens_by_their_bytes_and_offsets_count_characters(openai_client,
+                                                                                         stream: bool) -> None:
+    kwargs = dict(model=MODEL, prompt="# 日本語のコメント: 関数", max_tokens=6, temperature=0, logprobs=2)
+    if stream:
+        chunks = [c for c in openai_client.completions.create(stream=True, **kwargs) if c.choices]
+        text = "".join(c.choices[0].text for c in chunks)
+        tokens = [t for c in chunks for t in c.choices[0].logprobs.tokens]
+        tops = [t for c in chunks for t in c.choices[0].logprobs.top_logprobs]
+        offsets = [o for c in chunks for o in c.choices[0].logprobs.text_offset]
+    else:
+        out = openai_client.completions.create(**kwargs)
+        text, logprobs = out.choices[0].text, out.choices[0].logprobs
+        tokens, tops, offsets = logprobs.tokens, logprobs.top_logprobs, logprobs.text_offset
+    assert any(t.startswith("bytes:") for t in tokens), tokens
+    assert all(token in top and len(top) >= 2 for token, top in zip(tokens, tops, strict=True)), tops
+    assert offsets == sorted(offsets) and offsets[-1] < len(text), (offsets, text)
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "日本語"}],
+                                                 max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert b"".join(bytes(entry.bytes) for entry in content).decode() == chat.choices[0].message.content
