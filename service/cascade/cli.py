@@ -3,6 +3,8 @@ client commands come from ``cascade_client``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 
@@ -121,10 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     command = args.pop(0) if args else "--help"
     if command == "serve":
         return serve(args)
-    if command == "models":
-        return models(args)
-    if command == "config-table":
-        return limits_table() if "--limits" in args else config_table()
+    try:
+        if command == "models":
+            return models(args)
+        if command == "config-table":
+            return limits_table() if "--limits" in args else config_table()
+    except BrokenPipeError:  # `cascade config-table | head`: the reader went away, nothing to report
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stops Python's flush-at-exit error)
+        return 1
     from cascade_client.cli import main as client_main
 
     return client_main([command, *args])
