@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+import httpx
 from tqdm import tqdm
 
 from cascade_client.client import CascadeClient
@@ -74,16 +77,36 @@ def _input(path: str) -> Iterator[IO[bytes]]:
 
 @contextlib.contextmanager
 def _output(path: str) -> Iterator[IO[bytes]]:
-    """stdout, or a temporary file next to ``path`` that replaces it only on success."""
+    """stdout; ``path`` itself when it is not a regular file (a device such as ``/dev/null``, a FIFO,
+    ``/dev/fd/N`` of a process substitution: replacing those would destroy them); else a temporary file
+    beside the file ``path`` names (through a symlink, which stays) that replaces it only on success,
+    with the replaced file's permissions."""
     if path == "-":
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
         return
-    partial = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.part")
     try:
-        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "wb") as handle:
+        existing: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        with open(path, "wb") as handle:
             yield handle
-        os.replace(partial, path)
+        return
+    target = os.path.realpath(path)
+    partial = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.getpid()}.part")
+    try:
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, path) from None
+    try:
+        with open(descriptor, "wb") as handle:
+            yield handle
+            if existing is not None:
+                os.chmod(handle.fileno(), stat.S_IMODE(existing.st_mode))
+        os.replace(partial, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(partial)
@@ -256,6 +279,11 @@ def main(argv: list[str]) -> int:
         return EXIT_ERROR
     except OSError as exc:
         _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+        return EXIT_ERROR
+    except (ValueError, LookupError, httpx.InvalidURL) as exc:
+        # a reply that is not what the protocol says (not JSON, a missing field, bad base64), or an
+        # argument the request cannot carry (a URL, key or text that cannot be encoded): one line, no traceback
+        _fail(f"{exc} ({type(exc).__name__})")
         return EXIT_ERROR
     return 0
 

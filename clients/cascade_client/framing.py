@@ -81,6 +81,22 @@ def _sized_field(buf: bytearray, pos: int) -> int | None:
     return pos + length if len(buf) >= pos + length else None
 
 
+def header_lane_tokens(header: bytes) -> int:
+    """The ``lane_tokens`` a container header records (its whole lane plan)."""
+    buf = bytearray(header)
+    pos = _sized_field(buf, _FIXED_HEAD)
+    if pos is None:
+        raise FramingError("damaged container: a cut header")
+    pos += 1  # precision_bits
+    value = 0
+    for _ in range(3):  # top_k, vocab_size, lane_tokens
+        item = _varint_at(buf, pos)
+        if item is None:
+            raise FramingError("damaged container: a cut header")
+        value, pos = item
+    return value
+
+
 class Walker:
     """Incremental: ``feed`` container bytes, get each complete record (CRC-checked) in order.
 

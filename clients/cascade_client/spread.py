@@ -8,6 +8,10 @@ standalone containers of about ``piece_bytes`` of original text, decompresses up
 ``concurrency`` at once and writes their text in order. Only ``concurrency`` pieces are held at a
 time, so inputs of any size go through in bounded memory.
 
+The pieces share one lane plan: a server plans lanes per input (a small one gets shorter lanes, and the
+header records the plan), so unless ``lane_tokens`` is given the first piece is sent as is and every
+other piece with the ``lane_tokens`` its header shows, as soon as that header arrives.
+
 A container depends on the input and ``piece_bytes`` only — not on ``concurrency``, nor on which
 replica coded which piece (every replica computes the same integers) — and it decompresses the same
 whether spread or sent whole. It differs from the container a single ``/compress`` stream makes of
@@ -16,6 +20,7 @@ the same input (segments are cut at other places), and both decode to the same b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import io
@@ -25,7 +30,7 @@ from typing import Any, Protocol
 
 from cascade_common.ordered import ordered
 
-from cascade_client.framing import Record, Splicer, Walker, cut, standalone
+from cascade_client.framing import Record, Splicer, Walker, cut, header_lane_tokens, standalone
 from cascade_client.protocol import CascadeError, CompressStats, DecompressStats, Progress
 
 DEFAULT_PIECE_BYTES = 1 << 20
@@ -65,16 +70,27 @@ async def compress_spread(coder: Coder, chunks: AsyncIterator[bytes], write: Cal
     splicer = Splicer()
     bytes_in = tokens = raw_segments = 0
 
-    async def job(piece: bytes) -> tuple[bytes, CompressStats]:
-        out = io.BytesIO()
-        stats = await coder.compress_to(out, piece, **options)
+    plan: asyncio.Future[int] | None = None
+    if options.get("lane_tokens") is None:
+        plan = asyncio.get_running_loop().create_future()
+
+    async def job(piece: bytes, first: bool) -> tuple[bytes, CompressStats]:
+        out: io.BytesIO = _PlanWatch(plan) if first and plan is not None else io.BytesIO()
+        chosen = options if first or plan is None else {**options, "lane_tokens": await plan}
+        try:
+            stats = await coder.compress_to(out, piece, **chosen)
+        finally:
+            if first and plan is not None and not plan.done():
+                plan.set_exception(CascadeError(0, "the first piece failed before its lane plan was known"))
         if progress is not None:
             progress.sent(len(piece))
         return out.getvalue(), stats
 
     async def jobs() -> AsyncIterator[Callable[[], Awaitable[tuple[bytes, CompressStats]]]]:
+        first = True
         async for piece in pieces(chunks, piece_bytes):
-            yield functools.partial(job, piece)
+            yield functools.partial(job, piece, first)
+            first = False
 
     async with contextlib.aclosing(ordered(jobs(), concurrency)) as results:
         async for container, stats in results:
@@ -123,6 +139,23 @@ async def decompress_spread(coder: Coder, chunks: AsyncIterator[bytes], write: C
             if progress is not None:
                 progress.received(len(text))
     return DecompressStats(written, walker.segments, True)
+
+
+class _PlanWatch(io.BytesIO):
+    """The first piece's container: resolves ``plan`` with its header's ``lane_tokens`` once the header is in."""
+
+    def __init__(self, plan: asyncio.Future[int]) -> None:
+        super().__init__()
+        self.plan = plan
+        self.walker = Walker()
+
+    def write(self, data: Any) -> int:
+        written = super().write(data)
+        if not self.plan.done():
+            self.walker.feed(bytes(data))
+            if self.walker.header is not None:
+                self.plan.set_result(header_lane_tokens(self.walker.header))
+        return written
 
 
 def _header(walker: Walker) -> bytes:

@@ -6,6 +6,7 @@ what one writer makes of the same segments, and damage is always caught; the spr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from collections.abc import AsyncIterator
 
@@ -166,3 +167,36 @@ def test_spread_gives_one_container_whatever_the_concurrency_and_restores_the_in
 async def _chunks(data: bytes, size: int = 333) -> AsyncIterator[bytes]:
     for i in range(0, len(data), size):
         yield data[i:i + size]
+
+
+class PlanningCoder(RawCoder):
+    """Like a server: without ``lane_tokens`` a piece gets a lane plan of its own size in its header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[object] = []
+
+    async def compress_to(self, sink: io.BytesIO, source: bytes, **options: object) -> CompressStats:
+        self.calls += 1
+        self.asked.append(options.get("lane_tokens"))
+        lane_tokens = options.get("lane_tokens") or 100 + len(source) % 97
+        header = dataclasses.replace(HEADER, lane_tokens=int(lane_tokens))  # type: ignore[call-overload]
+        for half in (0, 1):  # the header arrives before the rest, as a stream's does
+            await asyncio.sleep(0)
+            data = _container([(KIND_RAW, 0, source[i:i + 50], b"") for i in range(0, len(source), 50)], header)
+            sink.write(data[:len(data) // 2] if half == 0 else data[len(data) // 2:])
+        return CompressStats(len(source), 0, 0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_spread_pieces_share_the_first_pieces_lane_plan(concurrency: int) -> None:
+    text = b"".join(b"line %d of a file that is cut into pieces\n" % i for i in range(200))
+    coder, out = PlanningCoder(), io.BytesIO()
+
+    async def write(data: bytes) -> None:
+        out.write(data)
+
+    asyncio.run(compress_spread(coder, _chunks(text), write, piece_bytes=700, concurrency=concurrency))
+    first_plan = parse_container(out.getvalue()).header.lane_tokens
+    assert coder.asked[0] is None and coder.asked[1:] == [first_plan] * (coder.calls - 1) and coder.calls > 3
+    assert b"".join(s.payload for s in parse_container(out.getvalue()).segments) == text

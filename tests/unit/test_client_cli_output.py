@@ -1,0 +1,91 @@
+"""Where the CLI's ``-o PATH`` writes: files are replaced whole on success, anything else is written into."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from cascade_client.cli import _output
+
+
+def _write(path: str, data: bytes) -> None:
+    with _output(path) as handle:
+        handle.write(data)
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    _write(str(fifo), b"through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_symlink_stays_and_its_target_gets_the_output(tmp_path: Path) -> None:
+    target, link = tmp_path / "real.cz", tmp_path / "link.cz"
+    target.write_bytes(b"old")
+    link.symlink_to(target)
+    _write(str(link), b"new")
+    assert link.is_symlink() and target.read_bytes() == b"new"
+
+
+def test_a_replaced_file_keeps_its_permissions_and_no_partial_file_is_left(tmp_path: Path) -> None:
+    out = tmp_path / "out.cz"
+    out.write_bytes(b"old")
+    out.chmod(0o640)
+    _write(str(out), b"new")
+    assert out.read_bytes() == b"new" and stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.cz"]
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path: Path) -> None:
+    out = tmp_path / "out.cz"
+    out.write_bytes(b"old")
+    with pytest.raises(RuntimeError), _output(str(out)) as handle:
+        handle.write(b"half")
+        raise RuntimeError("the server went away")
+    assert out.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["out.cz"]
+
+
+@pytest.mark.parametrize("where", ["a directory", "a missing directory"])
+def test_an_impossible_path_is_named_as_given(tmp_path: Path, where: str) -> None:
+    path = str(tmp_path) if where == "a directory" else str(tmp_path / "missing" / "out.cz")
+    with pytest.raises(OSError) as raised:
+        _write(path, b"x")
+    assert raised.value.filename == path
+
+
+@pytest.mark.parametrize("reply", [b"<html>not json</html>", b'{"unexpected": true}'])
+def test_a_reply_the_protocol_does_not_describe_is_one_error_line_not_a_traceback(
+        reply: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    import http.server
+
+    from cascade_client.cli import main
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code = main(["--server", f"http://127.0.0.1:{server.server_address[1]}", "--retries", "0",
+                     "kcbs", "x", "--beam-width", "2", "--steps", "2"])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("cascade: error:") and "Traceback" not in err, err
