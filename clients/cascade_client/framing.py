@@ -34,8 +34,8 @@ MAX_RECORD = 1 << 30
 class FramingError(CascadeError):
     """Not a complete, undamaged container (the message says where); found by the client, status 0."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(0, message, "damaged_container")
+    def __init__(self, message: str, code: str = "corrupted_container") -> None:
+        super().__init__(0, message, code)
 
 
 @dataclass(frozen=True)
@@ -114,18 +114,19 @@ class Walker:
 
     def feed(self, chunk: bytes) -> list[Record]:
         if self.done and chunk:
-            raise FramingError("unexpected bytes after the container's trailer")
+            raise FramingError("unexpected bytes after the container's trailer", "trailing_data")
         self._buf += chunk
         records: list[Record] = []
         while not self.done and (record := self._next()) is not None:
             records.append(record)
         if self.done and self._buf:
-            raise FramingError("unexpected bytes after the container's trailer")
+            raise FramingError("unexpected bytes after the container's trailer", "trailing_data")
         return records
 
     def close(self) -> None:
         if not self.done:
-            raise FramingError(f"truncated container: it ended after {self.segments} segment(s), before its trailer")
+            raise FramingError(f"truncated container: it ended after {self.segments} segment(s), before its trailer",
+                               "truncated_container")
 
     def _take(self, end: int, kind: str, original: int = 0, segments: int = 0) -> Record:
         raw = bytes(self._buf[:end])
@@ -155,7 +156,7 @@ class Walker:
 
     def _header(self) -> Record | None:
         if not MAGIC.startswith(bytes(self._buf[:4])):
-            raise FramingError("not a Cascade container (bad magic)")
+            raise FramingError("not a Cascade container (bad magic)", "bad_magic")
         pos = _sized_field(self._buf, _FIXED_HEAD)  # numerics
         if pos is None or len(self._buf) < pos + 1:
             return None

@@ -83,12 +83,16 @@ def test_any_damaged_byte_is_caught(segments: list, data: st.DataObject) -> None
         _walk(bytes(container), 64)
 
 
-def test_cut_and_trailing_bytes_are_errors() -> None:
+def test_cut_and_trailing_bytes_are_errors_with_the_servers_codes() -> None:
     data = _container([(KIND_RAW, 0, b"abc", b"")])
-    with pytest.raises(FramingError, match="truncated"):
+    with pytest.raises(FramingError, match="truncated") as cut_short:
         _walk(data[:-1], 7)
-    with pytest.raises(FramingError, match="after the container's trailer"):
+    with pytest.raises(FramingError, match="after the container's trailer") as trailing:
         _walk(data + b"x", 1000)
+    with pytest.raises(FramingError) as flipped:
+        _walk(data[:-1] + bytes([data[-1] ^ 1]), 1000)
+    codes = [e.value.code for e in (cut_short, trailing, flipped)]
+    assert codes == ["truncated_container", "trailing_data", "corrupted_container"]
 
 
 def test_pieces_with_another_header_cannot_be_spliced() -> None:
