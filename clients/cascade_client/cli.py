@@ -12,10 +12,11 @@ import argparse
 import contextlib
 import errno
 import json
+import math
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import httpx
@@ -123,20 +124,45 @@ def _default_output(path: str, command: str) -> str:
     raise CascadeError(0, f"cannot derive an output name from {path!r} (no .cz suffix): give -o")
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds above 0 is required")
+    return value
+
+
+def _at_least_zero(convert: Callable[[str], float]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = convert(text)
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: a number of at least 0 is required")
+        return value
+    return parse
+
+
+def _server_url(text: str) -> str:
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} has no scheme: give it as http://{text} (or https://)")
+    if not text.lower().startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r}: the server is spoken to over http:// or https://")
+    return text
+
+
 def _common(parser: argparse.ArgumentParser, defaults: bool) -> None:
     """Connection and display options, accepted before the command and after it."""
     def default(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--server", default=default(os.environ.get("CASCADE_SERVER")),
+    parser.add_argument("--server", type=_server_url, default=default(os.environ.get("CASCADE_SERVER")),
                         help="server URL (env CASCADE_SERVER, default http://127.0.0.1:8000)")
     parser.add_argument("--api-key", default=default(os.environ.get("CASCADE_API_KEY")),
                         help="Bearer API key (env CASCADE_API_KEY)")
-    parser.add_argument("--timeout", type=float, default=default(3600.0), help="seconds to wait for each reply chunk")
-    parser.add_argument("--retries", type=int, default=default(4),
+    parser.add_argument("--timeout", type=_positive_seconds, default=default(3600.0),
+                        help="seconds to wait for each reply chunk")
+    parser.add_argument("--retries", type=_at_least_zero(int), default=default(4),
                         help="times a request is sent again after a 429/502/503 answer or a connection that failed "
                              "before any byte of the answer (default 4; 0: never)")
-    parser.add_argument("--retry-budget", type=float, default=default(60.0),
+    parser.add_argument("--retry-budget", type=_at_least_zero(float), default=default(60.0),
                         help="seconds all attempts of one request may take, waits included (default 60)")
     parser.add_argument("-q", "--quiet", action="store_true", default=default(False),
                         help="no progress bars and no statistics line")
@@ -241,8 +267,6 @@ def _export(client: CascadeClient, args: argparse.Namespace) -> ExportStats:
 
 
 def _run(args: argparse.Namespace) -> None:
-    if args.retries < 0 or args.retry_budget < 0:
-        raise CascadeError(0, "--retries and --retry-budget cannot be negative")
     retry = RetryPolicy(attempts=args.retries + 1, budget_seconds=args.retry_budget)
     with CascadeClient(args.server, args.api_key, timeout=args.timeout, retry=retry) as client:
         if args.command in ("compress", "decompress"):
