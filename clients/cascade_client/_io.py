@@ -42,6 +42,16 @@ def _reader(source: Any) -> Callable[[], bytes] | None:
     return (lambda: read(CHUNK)) if callable(read) else None
 
 
+def check_endpoints(sink: Any, source: Any) -> None:
+    """A clear ``TypeError`` before any request for what can be neither (a path or ``str`` most often)."""
+    if isinstance(source, str | os.PathLike):
+        raise TypeError(f"a source is bytes, a binary file, a socket or an iterable of bytes, not "
+                        f"{type(source).__name__}: open a path with open(path, 'rb'), encode text with .encode()")
+    if not isinstance(sink, socket.socket) and not callable(getattr(sink, "write", None)):
+        raise TypeError(f"a sink is a binary file-like (write) or a socket, not {type(sink).__name__}"
+                        + (": open a path with open(path, 'wb')" if isinstance(sink, str | os.PathLike) else ""))
+
+
 def iter_source(source: Source) -> Iterator[bytes]:
     """The source as chunks of at most ``CHUNK`` bytes (empty chunks left out)."""
     if isinstance(source, bytes | bytearray | memoryview):

@@ -30,7 +30,7 @@ from cascade_client._http import (
     request_args,
     transport_errors,
 )
-from cascade_client._io import Body, Sink, Source, flush_sink, from_thread, write_sink
+from cascade_client._io import Body, Sink, Source, check_endpoints, flush_sink, from_thread, write_sink
 from cascade_client.duplex import AsyncDuplexTransport
 from cascade_client.protocol import CompressStats, DecompressStats, JsonCall, KcbsResult, Progress, StreamCall
 from cascade_client.retry import RetryPolicy
@@ -172,6 +172,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
         ``concurrency``: cut the input into pieces of about ``piece_bytes`` and compress that many
         at once (through a balancer, on several replicas); the pieces' containers are spliced into
         one (``cascade_client.spread``)."""
+        check_endpoints(sink, source)
         if concurrency is None:
             return await self._stream(protocol.compress_call(**options), sink, source, progress)
         stats = await compress_spread(self, AsyncBody(source).chunks(), functools.partial(awrite_sink, sink),
@@ -183,6 +184,7 @@ class AsyncCascadeClient(ClientBase[httpx.AsyncClient]):
                             concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES) -> DecompressStats:
         """Decompress the container in ``source``; each verified segment is written to ``sink``.
         ``concurrency``: decompress that many groups of whole segments at once (see ``compress_to``)."""
+        check_endpoints(sink, source)
         if concurrency is None:
             return await self._stream(protocol.decompress_call(), sink, source, progress)
         stats = await decompress_spread(self, AsyncBody(source).chunks(), functools.partial(awrite_sink, sink),

@@ -27,7 +27,7 @@ from cascade_client._http import (
     send,
     transport_errors,
 )
-from cascade_client._io import Body, Sink, Source, flush_sink, write_sink
+from cascade_client._io import Body, Sink, Source, check_endpoints, flush_sink, write_sink
 from cascade_client.aio import AsyncCascadeClient
 from cascade_client.duplex import SyncDuplexTransport
 from cascade_client.protocol import (
@@ -127,6 +127,7 @@ class CascadeClient(ClientBase[httpx.Client]):
         about ``piece_bytes``, compress that many at once, splice their containers into one
         (``cascade_client.spread``; the container depends on ``piece_bytes`` only).
         """
+        check_endpoints(sink, source)
         if concurrency is None:
             return self._stream(protocol.compress_call(**options), sink, source, progress)
         return self._spread(lambda client: client.compress_to(sink, source, progress=progress, concurrency=concurrency,
@@ -136,6 +137,7 @@ class CascadeClient(ClientBase[httpx.Client]):
                       concurrency: int | None = None, piece_bytes: int = DEFAULT_PIECE_BYTES) -> DecompressStats:
         """Decompress the container in ``source``; each verified segment is written to ``sink``.
         ``concurrency``: decompress that many groups of whole segments at once, in order."""
+        check_endpoints(sink, source)
         if concurrency is None:
             return self._stream(protocol.decompress_call(), sink, source, progress)
         return self._spread(lambda client: client.decompress_to(sink, source, progress=progress,

@@ -99,3 +99,14 @@ def test_connection_options_that_cannot_work_are_usage_errors(args: list[str]) -
     with pytest.raises(SystemExit) as exited:
         main([*args, "compress", "-", "-o", "-"])
     assert exited.value.code == 2
+
+
+@pytest.mark.parametrize(("sink", "source"), [(None, "text to compress"), (None, Path("in.py")), ("out.cz", b"x")])
+def test_a_path_or_str_given_as_source_or_sink_is_a_clear_type_error_before_any_request(
+        sink: object, source: object) -> None:
+    import io
+
+    from cascade_client import CascadeClient
+
+    with CascadeClient("http://127.0.0.1:9") as client, pytest.raises(TypeError, match="open"):
+        client.compress_to(io.BytesIO() if sink is None else sink, source)  # type: ignore[arg-type]
