@@ -14,8 +14,10 @@ import errno
 import json
 import math
 import os
+import signal
 import stat
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -28,7 +30,15 @@ from cascade_client.retry import RetryPolicy
 from cascade_client.spread import DEFAULT_PIECE_BYTES
 from cascade_client.topk_export import ExportStats, iter_sources
 
-EXIT_ERROR, EXIT_INTERRUPTED = 1, 130  # bad usage exits with 2 from argparse
+EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 130, 143  # bad usage exits with 2 from argparse
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so a half-written output file is removed as on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 class Bars:
@@ -288,6 +298,8 @@ def _run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         _run(args)
     except CascadeError as exc:
@@ -296,6 +308,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         _fail("interrupted")
         return EXIT_INTERRUPTED
+    except _Terminated:
+        _fail("terminated")
+        return EXIT_TERMINATED
     except BrokenPipeError:
         # The reader of stdout went away (e.g. `| head`); say nothing more on a closed pipe.
         with contextlib.suppress(OSError):

@@ -110,3 +110,27 @@ def test_a_path_or_str_given_as_source_or_sink_is_a_clear_type_error_before_any_
 
     with CascadeClient("http://127.0.0.1:9") as client, pytest.raises(TypeError, match="open"):
         client.compress_to(io.BytesIO() if sink is None else sink, source)  # type: ignore[arg-type]
+
+
+def test_sigterm_mid_request_leaves_no_partial_output_file(tmp_path: Path) -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as silent:  # accepts the connection and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        source = tmp_path / "in.py"
+        source.write_bytes(b"x = 1\n")
+        cli = subprocess.Popen([sys.executable, "-m", "cascade_client", "--server",
+                                f"http://127.0.0.1:{silent.getsockname()[1]}", "-q", "compress", str(source),
+                                "-o", str(tmp_path / "out.cz")], stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while not any(p.name.endswith(".part") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cli.send_signal(signal.SIGTERM)
+        _, err = cli.communicate(timeout=20)
+    assert cli.returncode == 143, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.py"]
