@@ -12,7 +12,8 @@ next drafts. Sources, best first:
    with blank-line runs collapsed lets an answer that writes one blank line where the file has two
    keep its place (the spelling with the longer match wins, ties keep the current one). Before
    anything anchored, an output line that opens a code fence anchors at the prediction's first line
-   (after a leading sentence without a fence, the usual re-anchoring finds it a few bytes in).
+   (after a leading sentence without a fence, the usual re-anchoring finds it a few bytes in; a
+   sampled request waits for that evidence after a fence too).
 2. **The prompt and the output so far** (``TokenNgramSource``): the continuation of the longest
    recent n-gram, so new code shaped like existing code is drafted too; then the most frequent
    successor of the last few tokens (``SuccessorCounts``). A greedy request copies from its first
@@ -218,12 +219,14 @@ class PredictionState:
                     if best is None or key[:2] > best[:2]:
                         best = key
         strong = self.min_evidence + self.far_margin
-        if not self.anchored and self._after_fence() and (best is None or best[0] < strong):
+        if not self.anchored and not self.sampled and self._after_fence() and (best is None or best[0] < strong):
             # nothing of the prediction written yet, and the output just opened a code fence: the
             # answer's code starts with the prediction's start (only there: a useless prediction must
             # not draft at every line start), most likely spelled as chat models write code, with one
             # blank line where the file has two (the collapsed spelling; an answer that keeps the
-            # file's blank lines leaves it at its first run and re-anchors in the exact one)
+            # file's blank lines leaves it at its first run and re-anchors in the exact one). Not for a
+            # sampled request: that guess would move its seeded sample even when the answer never
+            # follows the prediction (an answer of fences would draft the prediction's start at each)
             self.spelling, self.cursor, self.evidence = len(self.spellings) - 1, 0, self.min_evidence
         elif best is not None:
             score, _, self.spelling, self.cursor, is_near = best

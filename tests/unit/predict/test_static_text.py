@@ -395,3 +395,13 @@ def test_a_fenced_answer_that_keeps_the_files_blank_lines_returns_to_the_exact_s
     assert result.state is not None and result.state.spelling == 0
     assert result.tokens == tok.encode_text(answer)
     assert result.prediction_accepted >= len(tok.encode_text(FILE_WITH_RUNS)) - 12
+
+
+def test_a_sampled_answer_of_fences_that_never_follows_the_prediction_draws_no_draft() -> None:
+    """Any draft may change which sample a seed gives: a sampled request drafts the prediction's
+    start after a fence only on evidence, not as a guess at every fence."""
+    tok = ToyTokenizer()
+    target = tok.encode("```\n```\n```python\nprint('hello')\n```\n".encode())
+    useless = tok.encode("§§§ ¤¤¤ ¶¶¶\nnothing here is written\n".encode())
+    assert simulate(target, useless, tok, 16, sampled=True).proposed == 0
+    assert simulate(target, useless, tok, 16).proposed > 0  # greedy: the output is the same whatever is drafted
