@@ -207,7 +207,7 @@ LIMITS = [
     ("max_n", "`n` choices per request", "400, param `n`"),
     ("max_prompts", "prompts in one /v1/completions request", "400, param `prompt`"),
     ("max_stop_sequences", "stop strings", "400, param `stop`"),
-    ("max_top_logprobs", "logprobs / top_logprobs", "400, param `logprobs`"),
+    ("max_top_logprobs", "logprobs / top_logprobs", "400, param `logprobs` / `top_logprobs` (chat)"),
     ("max_prediction_tokens", "prediction length in tokens (text checked before tokenising)",
      "400, param `prediction`"),
     ("max_kcbs_steps", "k-CBS T (steps); max_edit_distance ≤ T, target ≤ T + max_edit_distance tokens",

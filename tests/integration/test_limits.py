@@ -46,7 +46,7 @@ OVER_LIMIT = {
     "stop_sequences": ("/v1/chat/completions", {**CHAT, "stop": [f"s{i}" for i in range(S.max_stop_sequences + 1)]},
                        "stop"),
     "top_logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": S.max_top_logprobs + 1},
-                     "logprobs"),
+                     "top_logprobs"),
     "completion_logprobs": ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1,
                                                 "logprobs": S.max_top_logprobs + 1}, "logprobs"),
     "max_tokens_over_context": ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": S.max_model_len},

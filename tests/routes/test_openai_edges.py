@@ -164,3 +164,42 @@ def test_logit_bias_keys_are_token_ids_in_ascii_digits(service: FakeService, key
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1,
                                                  "logit_bias": {key: 1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+
+
+@pytest.mark.parametrize("role", ["user", "system", "tool"])
+def test_a_message_without_content_is_a_400_unless_it_is_the_assistants(service: FakeService, role: str) -> None:
+    message: dict[str, object] = {"role": role, "content": None}
+    if role == "tool":
+        message["tool_call_id"] = "call_1"
+    with service.client() as client:
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [message]})
+        allowed = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "x"}, {"role": "assistant", "content": None},
+            {"role": "user", "content": "y"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content", r.text
+    assert allowed.status_code == 200, allowed.text
+
+
+@pytest.mark.parametrize(("extra", "param"), [({"logit_bias": {"5": 1}}, "logit_bias"),
+                                              ({"min_p": 0.1, "temperature": 1.0}, "min_p")])
+def test_sampling_options_speculative_decoding_cannot_apply_are_refused_beside_a_prediction_by_name(
+        service: FakeService, extra: dict[str, object], param: str) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2, **extra,
+                                                 "prediction": {"type": "content", "content": "x = 1"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_chat_top_logprobs_over_the_limit_names_top_logprobs(service: FakeService) -> None:
+    with service.client() as client:
+        body = {"model": MODEL, "max_tokens": 2, "logprobs": True, "top_logprobs": 21,
+                "messages": [{"role": "user", "content": "x"}]}
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text
+
+
+def test_a_json_body_sent_as_a_form_is_told_to_send_json(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", content=b'{"model": "pycoder-23m", "prompt": "x"}',
+                        headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "content-type: application/json" in r.json()["error"]["message"], r.text

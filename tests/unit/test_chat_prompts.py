@@ -30,3 +30,16 @@ def test_a_template_without_tools_reads_each_call_as_a_json_line_after_the_text(
     assert assistant["content"] == ('Looking.\n{"name": "lookup", "arguments": {"q": "x"}}\n'
                                     '{"name": "lookup", "arguments": "not json"}')
     assert tool == {"role": "tool", "content": "found"}
+
+
+def test_a_name_is_refused_unless_the_template_reads_a_messages_name_not_just_the_word() -> None:
+    import pytest
+    from cascade.api.errors import APIError
+
+    chat = [ChatMessage(role="user", content="hi", name="bob")]
+    prose = SimpleNamespace(chat_template="You are a helpful AI assistant named SmolLM. {{ message['content'] }}")
+    with pytest.raises(APIError) as refused:
+        _template_messages(prose, chat)
+    assert refused.value.param == "messages.0.name"
+    reading = SimpleNamespace(chat_template="{% if message['name'] %}{{ message['name'] }}: {% endif %}")
+    assert _template_messages(reading, chat) == [{"role": "user", "content": "hi", "name": "bob"}]

@@ -149,8 +149,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(error)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
+        content_type = request.headers.get("content-type", "")
+        if param is None and "json" not in content_type.lower():
+            # e.g. curl -d, which sends a form: the body was never read as JSON
+            message = (f"The request body must be JSON sent with content-type: application/json (got "
+                       f"{content_type or 'no content-type'}): {message}")
         return error_response(APIError(400, message, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)

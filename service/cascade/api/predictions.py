@@ -49,6 +49,13 @@ async def predicted(body: ChatCompletionRequest | CompletionRequest, engines: En
     if (isinstance(body, ChatCompletionRequest) and body.logprobs) or (
             isinstance(body, CompletionRequest) and body.logprobs is not None):
         raise APIError(400, "prediction is not supported together with logprobs", param="logprobs")
+    # vLLM's speculative decoding, which serves predictions, cannot apply these (its own refusal names neither)
+    if body.logit_bias:
+        raise APIError(400, "prediction is not supported together with logit_bias", param="logit_bias",
+                       code="unsupported_parameter")
+    if body.min_p and body.temperature != 0:
+        raise APIError(400, "prediction is not supported together with min_p above 0 when sampling", param="min_p",
+                       code="unsupported_parameter")
     text = prediction.text()
     if (text is None) == (prediction.token_ids is None):
         raise APIError(400, "prediction needs exactly one of 'content' or 'token_ids'", param="prediction")

@@ -5,6 +5,7 @@ Shared by the OpenAI routes and k-CBS, so no route module imports another."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from cascade.api.errors import APIError
@@ -63,6 +64,11 @@ def _tool_call(call: ToolCall, structured: bool) -> dict[str, Any]:
     return {"name": call.function.name, "arguments": arguments}
 
 
+_READS_NAMES = re.compile(r"""\b(message|msg|m)\s*(\[\s*['"]name['"]\s*\]|\.name\b)""")
+"""A template reading a message's ``name`` (``message['name']``, ``message.name``), not just any "name"
+(SmolLM2's default system prompt says "assistant named SmolLM")."""
+
+
 def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages for the chat template; a ``name`` goes to the template when the template reads
     names, and is refused otherwise (dropping it would silently change the conversation).
@@ -71,7 +77,7 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
     this model never produces but can read: a template that reads ``tool_calls`` / ``tool_call_id``
     gets them as such, any other template gets each call as a JSON line after the assistant's text."""
     template = str(getattr(tokenizer, "chat_template", None) or "")
-    reads_names = "name" in template
+    reads_names = _READS_NAMES.search(template) is not None
     messages = []
     for i, message in enumerate(chat):
         if (media := message.media()) is not None:
@@ -81,6 +87,9 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
             raise APIError(400, "only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls")
         if message.tool_call_id is not None and message.role != "tool":
             raise APIError(400, "only tool messages carry a tool_call_id", param=f"messages.{i}.tool_call_id")
+        if message.content is None and message.role != "assistant":
+            raise APIError(400, f"a {message.role} message needs content (only an assistant turn may have none)",
+                           param=f"messages.{i}.content", code="invalid_value")
         rendered: dict[str, Any] = {"role": message.role, "content": message.text() or message.refusal or ""}
         if message.name is not None:
             if not reads_names:

@@ -100,7 +100,8 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         raise APIError(400, "bad_words entries must contain a non-whitespace character", param="bad_words",
                        code="invalid_value")
     if logprobs is not None and logprobs > settings.max_top_logprobs:
-        raise APIError(400, f"logprobs may be at most {settings.max_top_logprobs}", param="logprobs")
+        field = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
+        raise APIError(400, f"{field} may be at most {settings.max_top_logprobs}", param=field)
     return GenerationRequest(
         max_tokens=max_tokens, n=request.n, stream=stream, stop=_stops(request, settings), seed=_seed(request),
         logprobs=logprobs, logit_bias=_logit_bias(request, vocab_size), ignore_eos=request.ignore_eos,

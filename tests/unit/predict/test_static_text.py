@@ -401,7 +401,7 @@ def test_a_sampled_answer_of_fences_that_never_follows_the_prediction_draws_no_d
     """Any draft may change which sample a seed gives: a sampled request drafts the prediction's
     start after a fence only on evidence, not as a guess at every fence."""
     tok = ToyTokenizer()
-    target = tok.encode("```\n```\n```python\nprint('hello')\n```\n".encode())
+    target = tok.encode(b"```\n```\n```python\nprint('hello')\n```\n")
     useless = tok.encode("§§§ ¤¤¤ ¶¶¶\nnothing here is written\n".encode())
     assert simulate(target, useless, tok, 16, sampled=True).proposed == 0
     assert simulate(target, useless, tok, 16).proposed > 0  # greedy: the output is the same whatever is drafted
