@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         codec.add_argument("--concurrency", type=int,
                            help="spread the input over the replicas behind a balancer: cut it into pieces and "
                                 "send this many at once (one container out; default: one stream)")
-        codec.add_argument("--piece-bytes", type=int, default=DEFAULT_PIECE_BYTES,
+        codec.add_argument("--piece-bytes", type=int,
                            help=f"bytes of text per piece with --concurrency (default {DEFAULT_PIECE_BYTES}; the "
                                 "container depends on it, not on the concurrency)")
     beam = sub.add_parser("kcbs", parents=[common], help="top-k-constrained beam search (prints the JSON result)")
@@ -243,7 +243,7 @@ def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | N
         bars = Bars(_size(src), "container" if args.command == "compress" else "text") \
             if _show_progress(args) else None
         try:
-            spread = {"concurrency": args.concurrency, "piece_bytes": args.piece_bytes}
+            spread = {"concurrency": args.concurrency, "piece_bytes": args.piece_bytes or DEFAULT_PIECE_BYTES}
             if args.command == "compress":
                 return client.compress_to(dst, src, progress=bars, top_k=args.top_k,
                                           precision_bits=args.precision_bits, lane_tokens=args.lane_tokens,
@@ -297,7 +297,10 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "piece_bytes", None) is not None and getattr(args, "concurrency", None) is None:
+        parser.error("--piece-bytes cuts the input for --concurrency: give --concurrency too")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     try:

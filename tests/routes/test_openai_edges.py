@@ -203,3 +203,12 @@ def test_a_json_body_sent_as_a_form_is_told_to_send_json(service: FakeService) -
         r = client.post("/v1/completions", content=b'{"model": "pycoder-23m", "prompt": "x"}',
                         headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 400 and "content-type: application/json" in r.json()["error"]["message"], r.text
+
+
+def test_an_unusable_json_schema_is_a_400_without_the_grammar_compilers_source_location(service: FakeService) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    with service.client() as client:
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "response_format": fmt,
+                                                      "messages": [{"role": "user", "content": "x"}]})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "nonsense" in message and ".cc:" not in message, message

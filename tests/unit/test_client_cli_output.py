@@ -92,12 +92,13 @@ def test_a_reply_the_protocol_does_not_describe_is_one_error_line_not_a_tracebac
 
 
 @pytest.mark.parametrize("args", [["--server", "localhost:8000"], ["--server", "ftp://host"], ["--timeout", "0"],
-                                  ["--timeout", "nan"], ["--retries", "-1"], ["--retry-budget", "-5"]])
-def test_connection_options_that_cannot_work_are_usage_errors(args: list[str]) -> None:
+                                  ["--timeout", "nan"], ["--retries", "-1"], ["--retry-budget", "-5"],
+                                  ["--piece-bytes", "4096"]])
+def test_options_that_cannot_work_are_usage_errors(args: list[str]) -> None:
     from cascade_client.cli import main
 
     with pytest.raises(SystemExit) as exited:
-        main([*args, "compress", "-", "-o", "-"])
+        main(["compress", "-", "-o", "-", *args])
     assert exited.value.code == 2
 
 

@@ -9,12 +9,16 @@ grammar without free whitespace gives the same constraint per request."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+_XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
 def compact_json_grammar(schema: dict[str, Any]) -> str:
@@ -24,7 +28,8 @@ def compact_json_grammar(schema: dict[str, Any]) -> str:
     try:
         grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
     except Exception as exc:
-        raise APIError(400, f"response_format.json_schema.schema is not a usable JSON schema: {exc}",
+        reason = _XGRAMMAR_LOCATION.sub("", str(exc)).strip()  # "[14:06:30] /project/cpp/…cc:4944: " is not the user's
+        raise APIError(400, f"response_format.json_schema.schema is not a usable JSON schema: {reason}",
                        param="response_format.json_schema.schema", code="invalid_value") from None
     return str(grammar)
 
