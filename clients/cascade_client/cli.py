@@ -296,6 +296,13 @@ def _run(args: argparse.Namespace) -> None:
                       f"({exported.requests} requests, {exported.output_bytes} bytes)", file=sys.stderr)
 
 
+def silence_stdout() -> None:
+    """After a BrokenPipeError: the reader of stdout went away (e.g. ``| head``), so say nothing more
+    on the closed pipe (and stop Python's error when it flushes stdout at exit)."""
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -315,9 +322,7 @@ def main(argv: list[str]) -> int:
         _fail("terminated")
         return EXIT_TERMINATED
     except BrokenPipeError:
-        # The reader of stdout went away (e.g. `| head`); say nothing more on a closed pipe.
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stops Python's flush-at-exit error)
+        silence_stdout()
         return EXIT_ERROR
     except OSError as exc:
         _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))

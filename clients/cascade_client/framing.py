@@ -81,20 +81,28 @@ def _sized_field(buf: bytearray, pos: int) -> int | None:
     return pos + length if len(buf) >= pos + length else None
 
 
-def header_lane_tokens(header: bytes) -> int:
-    """The ``lane_tokens`` a container header records (its whole lane plan)."""
-    buf = bytearray(header)
-    pos = _sized_field(buf, _FIXED_HEAD)
-    if pos is None:
-        raise FramingError("damaged container: a cut header")
+def _coding_fields(buf: bytearray) -> tuple[int, int] | None:
+    """A header's ``lane_tokens`` and the position after it (numerics, precision_bits, top_k,
+    vocab_size, lane_tokens), or None while they are not all here."""
+    pos = _sized_field(buf, _FIXED_HEAD)  # numerics
+    if pos is None or len(buf) < pos + 1:
+        return None
     pos += 1  # precision_bits
     value = 0
     for _ in range(3):  # top_k, vocab_size, lane_tokens
         item = _varint_at(buf, pos)
         if item is None:
-            raise FramingError("damaged container: a cut header")
+            return None
         value, pos = item
-    return value
+    return value, pos
+
+
+def header_lane_tokens(header: bytes) -> int:
+    """The ``lane_tokens`` a container header records (its whole lane plan)."""
+    fields = _coding_fields(bytearray(header))
+    if fields is None:
+        raise FramingError("damaged container: a cut header")
+    return fields[0]
 
 
 class Walker:
@@ -157,15 +165,10 @@ class Walker:
     def _header(self) -> Record | None:
         if not MAGIC.startswith(bytes(self._buf[:4])):
             raise FramingError("not a Cascade container (bad magic)", "bad_magic")
-        pos = _sized_field(self._buf, _FIXED_HEAD)  # numerics
-        if pos is None or len(self._buf) < pos + 1:
+        fields = _coding_fields(self._buf)
+        if fields is None:
             return None
-        pos += 1  # precision_bits
-        for _ in range(3):  # top_k, vocab_size, lane_tokens
-            item = _varint_at(self._buf, pos)
-            if item is None:
-                return None
-            pos = item[1]
+        pos = fields[1]
         for _ in range(2):  # params, context
             end = _sized_field(self._buf, pos)
             if end is None:

@@ -3,8 +3,6 @@ client commands come from ``cascade_client``."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 
 
@@ -128,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             return models(args)
         if command == "config-table":
             return limits_table() if "--limits" in args else config_table()
-    except BrokenPipeError:  # `cascade config-table | head`: the reader went away, nothing to report
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stops Python's flush-at-exit error)
+    except BrokenPipeError:  # `cascade config-table | head`
+        from cascade_client.cli import silence_stdout
+
+        silence_stdout()
         return 1
     from cascade_client.cli import main as client_main
 

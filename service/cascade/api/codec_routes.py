@@ -203,6 +203,13 @@ def _query(request: Request) -> dict[str, object]:
     return query
 
 
+def _nothing_beside_json(query: dict[str, object]) -> None:
+    if query:
+        name = next(iter(query))
+        raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
+                            "body", param=name, code="parameter_outside_body")
+
+
 def _invalid(exc: ValidationError, where: str) -> APIError:
     first = exc.errors()[0]
     loc = [str(p) for p in first["loc"]]
@@ -261,10 +268,7 @@ async def _compress_params(request: Request, settings: Settings) -> tuple[Compre
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     query = _query(request)
     if content_type == "application/json":
-        if query:
-            name = next(iter(query))
-            raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
-                                "body", param=name, code="parameter_outside_body")
+        _nothing_beside_json(query)
         body = _json_body(CompressBody, await request.body())
         return _one_spelling(body), _one(body.text.encode("utf-8"))
     if content_type in ("text/plain", OCTET, ""):
@@ -361,10 +365,7 @@ async def _container_source(request: Request, settings: Settings) -> AsyncIterat
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     query = _query(request)
     if content_type == "application/json":
-        if query:
-            name = next(iter(query))
-            raise APIError(400, f"Invalid query parameter '{name}': with a JSON body every parameter goes in the "
-                                "body", param=name, code="parameter_outside_body")
+        _nothing_beside_json(query)
         body = _json_body(DecompressBody, await request.body())
         _check_model(body.model, settings)
         try:
