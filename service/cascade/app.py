@@ -28,7 +28,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="Cascade", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="Cascade", version=__version__, lifespan=lifespan, redirect_slashes=False)
     app.state.gateway = gateway
     install_error_handlers(app)
     app.include_router(ops_routes.router)

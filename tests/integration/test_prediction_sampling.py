@@ -105,3 +105,21 @@ def test_a_seeded_sample_with_a_prediction_repeats_whatever_was_answered_before(
                                               seed=11, extra_body={"prediction": prediction}).choices[0].text
              for _ in range(4)]
     assert len(set(texts)) == 1, texts
+
+
+def test_a_sampled_prediction_that_drafts_nothing_survives_every_sampling_constraint(openai_client) -> None:
+    """vLLM's CPU rejection sampler runs on every step of the predict engine, drafts or not; its
+    top-k-only mask took the maximum of an empty tensor on a step without drafts and killed the
+    engine. Each constraint is tried with a prediction that never matches, then the engine must
+    still answer."""
+    useless = {"type": "content", "content": "zzzz qqqq xxxx " * 4}
+    constraints: list[dict[str, object]] = [
+        {"top_k": 5}, {"top_p": 0.9}, {"top_k": 5, "top_p": 0.9}, {"presence_penalty": 1.0},
+        {"frequency_penalty": 1.0}, {"top_k": 3, "repetition_penalty": 1.2}]
+    for constraint in constraints:
+        sampled = {k: v for k, v in constraint.items() if k in ("top_p", "presence_penalty", "frequency_penalty")}
+        extra = {k: v for k, v in constraint.items() if k not in sampled} | {"prediction": useless}
+        out = _complete(openai_client, max_tokens=6, temperature=1.0, seed=3, extra_body=extra, **sampled)
+        assert out.choices[0].finish_reason == "length", constraint
+        assert out.usage.completion_tokens == 6
+    assert _greedy_text(openai_client, max_tokens=8), "the engine must still answer"

@@ -212,3 +212,59 @@ def test_an_unusable_json_schema_is_a_400_without_the_grammar_compilers_source_l
                                                       "messages": [{"role": "user", "content": "x"}]})
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and "nonsense" in message and ".cc:" not in message, message
+
+
+@pytest.mark.parametrize(("path", "field"), [
+    ("/v1/completions", "n"), ("/v1/completions", "echo"), ("/v1/completions", "stream"),
+    ("/v1/chat/completions", "n"), ("/v1/chat/completions", "logprobs"), ("/v1/chat/completions", "stream"),
+    ("/v1/chat/completions", "prediction_mode"),
+])
+def test_null_for_an_optional_parameter_means_its_default(service: FakeService, path: str, field: str) -> None:
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    with service.client() as client:
+        r = client.post(path, json={"model": MODEL, "max_tokens": 2, **body, field: None})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1
+
+
+def test_a_null_completion_max_tokens_is_openais_default_of_16(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": None})
+        model_null = client.post("/v1/completions", json={"model": None, "prompt": "x"})
+    assert r.status_code == 200, r.text
+    assert service.engines.requests[-1][1].max_tokens == 16
+    assert model_null.status_code == 400 and model_null.json()["error"]["param"] == "model"
+
+
+def test_an_unknown_service_tier_is_a_400_naming_it(service: FakeService) -> None:
+    messages = [{"role": "user", "content": "x"}]
+    with service.client() as client:
+        bad = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2,
+                                                        "service_tier": "bogus"})
+        good = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2,
+                                                         "service_tier": "auto"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "service_tier"
+    assert good.status_code == 200
+
+
+def test_a_trailing_slash_is_an_unknown_route_not_a_redirect(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/chat/completions/", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == "Unknown route"
+
+
+def test_an_empty_body_is_a_400_saying_it_is_empty(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", content=b"", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "body is empty" in r.json()["error"]["message"]
+
+
+def test_a_developer_message_reaches_a_template_without_that_role_as_the_system_instruction(
+        service: FakeService) -> None:
+    messages = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "hi"}]
+    reply = _sdk(service).chat.completions.create(model=MODEL, messages=messages, max_tokens=2)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content is not None
+    prompt = service.engines.tokenizer.decode(service.engines.requests[-1][0])
+    assert "system: Answer in French.\nuser: hi\n" in prompt and "developer" not in prompt

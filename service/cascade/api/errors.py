@@ -110,6 +110,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if isinstance(cause, LoneSurrogateError):
         loc.extend(str(part) for part in cause.path)
     param = ".".join(loc) or None
+    if first.get("type") == "missing" and not loc:
+        return "The request body is empty: send a JSON object with content-type: application/json", None
     if first.get("type") == "json_invalid":
         return "Request body is not valid JSON: " + str(first.get("msg", "")), None
     msg = str(first.get("msg", "invalid value"))

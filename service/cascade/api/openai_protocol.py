@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def _unencodable(text: str) -> bool:
@@ -53,6 +53,17 @@ class StrictModel(BaseModel):
     Unicode (a 400 naming the field, not a 500 deep in the tokenizer)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: object) -> object:
+        """OpenAI documents its optional parameters as "… or null", and a client that sends ``None``
+        means "the default": ``"n": null`` is ``n`` 1 and a completion's ``"max_tokens": null`` is 16,
+        as if the key were absent. A required field stays required."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required()}
 
     @field_validator("*", mode="before")
     @classmethod
@@ -241,7 +252,7 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     # Accepted and without effect on the result (bookkeeping on OpenAI's side; the text modality).
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    service_tier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     modalities: list[Literal["text"]] | None = None

@@ -75,9 +75,13 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
 
     A replayed tool exchange (an assistant turn with ``tool_calls``, then ``tool`` turns) is history
     this model never produces but can read: a template that reads ``tool_calls`` / ``tool_call_id``
-    gets them as such, any other template gets each call as a JSON line after the assistant's text."""
+    gets them as such, any other template gets each call as a JSON line after the assistant's text.
+    A ``developer`` message is OpenAI's newer name for the system instruction: it reaches a template
+    that knows no developer role as ``system`` (ChatML would render an ``<|im_start|>developer`` turn
+    the model never saw)."""
     template = str(getattr(tokenizer, "chat_template", None) or "")
     reads_names = _READS_NAMES.search(template) is not None
+    developer_role = "developer" if "developer" in template else "system"
     messages = []
     for i, message in enumerate(chat):
         if (media := message.media()) is not None:
@@ -90,7 +94,8 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
         if message.content is None and message.role != "assistant":
             raise APIError(400, f"a {message.role} message needs content (only an assistant turn may have none)",
                            param=f"messages.{i}.content", code="invalid_value")
-        rendered: dict[str, Any] = {"role": message.role, "content": message.text() or message.refusal or ""}
+        role = developer_role if message.role == "developer" else message.role
+        rendered: dict[str, Any] = {"role": role, "content": message.text() or message.refusal or ""}
         if message.name is not None:
             if not reads_names:
                 raise APIError(400, "message names are not supported: this model's chat template does not use "

@@ -59,6 +59,8 @@ CHECKS: tuple[Check, ...] = (
     Check("rejection_sampler", "params", ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to"),
           "expand_batch_to_tokens"),
     Check("rejection_sampler", "attrs", ("apply_sampling_constraints",)),
+    # and wraps it (apply_sampling_constraints looks it up in the module too)
+    Check("rejection_sampler", "params", ("logits", "k", "p"), "apply_top_k_top_p"),
     Check("SamplingParams", "fields", ("extra_args", "prompt_logprobs", "flat_logprobs", "skip_reading_prefix_cache",
                                        "detokenize", "output_kind", "structured_outputs", "logprobs", "top_k",
                                        "top_p", "min_p", "temperature", "logit_bias", "allowed_token_ids",

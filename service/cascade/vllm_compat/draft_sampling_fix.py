@@ -1,4 +1,5 @@
-"""Make vLLM's rejection sampler see each request's own temperature, top-k and top-p on the CPU.
+"""Make vLLM's rejection sampler see each request's own temperature, top-k and top-p on the CPU,
+and survive a step that drafted nothing.
 
 vLLM 0.32 spreads the per-request sampling parameters over the draft positions with
 ``rejection_sampler.expand_batch_to_tokens``. Without Triton (every CPU build) its kernel is
@@ -12,6 +13,14 @@ rejected and the replacement tokens come from noise — a prediction changes wha
 each request's value over its draft positions, ``replace_from`` → ``replace_to``) only when
 ``is_broken()`` shows the installed one drops values, so a vLLM that fixes the kernel is left alone
 and a GPU build (whose Triton kernel is correct) is never touched.
+
+vLLM 0.32 also runs the rejection sampler on every step of a speculative engine, drafts or not, and
+on the CPU its top-k-only mask takes ``k.max()`` of the drafted positions' top-k: with no drafted
+position in the step that is the maximum of an empty tensor, which raises in the worker and kills
+the engine. A sampled request with ``top_k`` (and no ``top_p``) whose prediction gave no draft did
+that. ``install()`` also wraps the sampler's ``apply_top_k_top_p`` so that zero rows come back as
+they are (there is nothing to mask), again only when ``empty_step_fails()`` shows the installed one
+raises on them.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from cascade.vllm_compat.version import IncompatibleVllmError
 
 MODULE = "vllm.v1.sample.rejection_sampler"
 FUNCTION = "expand_batch_to_tokens"
+MASK = "apply_top_k_top_p"
 _MARK = "_cascade_draft_sampling_fix"
 
 
@@ -62,20 +72,51 @@ def is_broken() -> bool:
     return bool(problems())
 
 
+def empty_step_fails(function: Any | None = None) -> bool:
+    """Whether the installed (or given) top-k/top-p mask raises on a step with no drafted positions."""
+    import torch
+
+    mask = function or getattr(_module(), MASK)
+    for k, p in ((torch.empty(0, dtype=torch.int32), None), (None, torch.empty(0)),
+                 (torch.empty(0, dtype=torch.int32), torch.empty(0))):
+        try:
+            mask(torch.empty(0, 8), k, p)
+        except Exception:
+            return True
+    return False
+
+
+def skipping_empty_steps(mask: Any) -> Any:
+    """``mask`` that returns logits without rows as they are."""
+    def apply_top_k_top_p(logits: Any, k: Any, p: Any) -> Any:
+        if logits.shape[0] == 0:
+            return logits
+        return mask(logits, k, p)
+
+    setattr(apply_top_k_top_p, _MARK, True)
+    return apply_top_k_top_p
+
+
 def install() -> bool:
-    """Replace the expansion when it is broken; returns whether it replaced it. Raises when the
-    replacement does not take effect (vLLM no longer calls the function through its module)."""
+    """Replace the expansion when it is broken and guard the mask when an empty step makes it raise;
+    returns whether it replaced either. Raises when a replacement does not take effect (vLLM no
+    longer calls the function through its module)."""
     module = _module()
-    if getattr(getattr(module, FUNCTION, None), _MARK, False) or not is_broken():
-        return False
-    setattr(expand_batch_to_tokens, _MARK, True)
-    setattr(module, FUNCTION, expand_batch_to_tokens)
-    left = problems()
+    replaced = False
+    if not getattr(getattr(module, FUNCTION, None), _MARK, False) and is_broken():
+        setattr(expand_batch_to_tokens, _MARK, True)
+        setattr(module, FUNCTION, expand_batch_to_tokens)
+        replaced = True
+    if not getattr(getattr(module, MASK, None), _MARK, False) and empty_step_fails():
+        setattr(module, MASK, skipping_empty_steps(getattr(module, MASK)))
+        replaced = True
+    left = problems() + (["the top-k/top-p mask raises on a step without drafts"] if empty_step_fails() else [])
     if left:
         raise IncompatibleVllmError(f"the draft-sampling fix did not take effect: {'; '.join(left)}")
-    return True
+    return replaced
 
 
 def is_installed() -> bool:
-    """The expansion in use is correct (vLLM's own, or the replacement)."""
-    return not is_broken()
+    """The expansion in use is correct and the mask takes a step without drafts (vLLM's own, or the
+    replacements)."""
+    return not is_broken() and not empty_step_fails()

@@ -56,12 +56,39 @@ def test_install_replaces_a_broken_expansion_once(monkeypatch: pytest.MonkeyPatc
     assert draft_sampling_fix.install() is False
 
 
-def test_install_leaves_a_correct_expansion_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_leaves_a_correct_expansion_and_mask_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.v1.sample import rejection_sampler
 
     def correct(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):  # type: ignore[no-untyped-def]
         return draft_sampling_fix.expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
 
+    def mask(logits, k, p):  # type: ignore[no-untyped-def]
+        return logits
+
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", correct)
+    monkeypatch.setattr(rejection_sampler, "apply_top_k_top_p", mask)
     assert draft_sampling_fix.install() is False
-    assert rejection_sampler.expand_batch_to_tokens is correct
+    assert rejection_sampler.expand_batch_to_tokens is correct and rejection_sampler.apply_top_k_top_p is mask
+
+
+def test_vllms_top_k_mask_raises_on_a_step_without_drafts_and_the_guard_does_not() -> None:
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    assert draft_sampling_fix.empty_step_fails(apply_top_k_top_p)
+    guarded = draft_sampling_fix.skipping_empty_steps(apply_top_k_top_p)
+    assert not draft_sampling_fix.empty_step_fails(guarded)
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    masked = guarded(logits.clone(), torch.tensor([2], dtype=torch.int32), None)
+    assert masked.isinf().tolist() == [[True, False, True, False]]
+
+
+def test_install_guards_a_mask_that_raises_on_an_empty_step_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", draft_sampling_fix.expand_batch_to_tokens)
+    monkeypatch.setattr(rejection_sampler, "apply_top_k_top_p", apply_top_k_top_p)
+    assert not draft_sampling_fix.is_installed()
+    assert draft_sampling_fix.install() is True
+    assert draft_sampling_fix.is_installed() and rejection_sampler.apply_top_k_top_p is not apply_top_k_top_p
+    assert draft_sampling_fix.install() is False
