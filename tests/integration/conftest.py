@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -57,7 +58,8 @@ def start_service(tmp: Path, extra_args: list[str], env_extra: dict[str, str] | 
     env = {**os.environ, "CASCADE_HOME": str(tmp / "home"), **(env_extra or {})}
     args = [sys.executable, "-m", "cascade", "serve", "--port", str(port), "--api-key", API_KEY, *extra_args]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     service = Service(f"http://127.0.0.1:{port}", API_KEY, process, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -73,8 +75,10 @@ def start_service(tmp: Path, extra_args: list[str], env_extra: dict[str, str] | 
     raise RuntimeError(f"service not ready after {timeout}s:\n{service.log_tail()}")
 
 
-def stop_service(service: Service, timeout: float = 60) -> int:
-    """SIGTERM, then wait; returns the exit code."""
+def stop_service(service: Service, timeout: float = 60, reap: bool = True) -> int:
+    """SIGTERM, then wait; returns the exit code. With ``reap``, whatever of its process group outlives
+    it (an engine still starting when a timed-out start was stopped) is killed, so no test leaves
+    engines behind; a test of the service's own shutdown looks for orphans without it."""
     if service.process.poll() is None:
         service.process.send_signal(signal.SIGTERM)
         try:
@@ -82,6 +86,9 @@ def stop_service(service: Service, timeout: float = 60) -> int:
         except subprocess.TimeoutExpired:
             service.process.kill()
             service.process.wait()
+    if reap:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(service.process.pid, signal.SIGKILL)
     return int(service.process.returncode)
 
 

@@ -165,7 +165,7 @@ def test_failed_self_test_makes_codec_answer_503(tmp_path_factory: pytest.TempPa
         children = psutil.Process(svc.process.pid).children(recursive=True)
         assert children, "engines run in child processes"
     finally:
-        code = stop_service(svc)
+        code = stop_service(svc, reap=False)
     assert code == 0, "SIGTERM is a clean shutdown"
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"orphan engine processes after shutdown: {alive}"

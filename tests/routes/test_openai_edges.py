@@ -268,3 +268,17 @@ def test_a_developer_message_reaches_a_template_without_that_role_as_the_system_
     assert reply.choices[0].message.content is not None
     prompt = service.engines.tokenizer.decode(service.engines.requests[-1][0])
     assert "system: Answer in French.\nuser: hi\n" in prompt and "developer" not in prompt
+
+
+def test_a_compressed_request_body_is_a_415_not_a_parse_error(service: FakeService) -> None:
+    import gzip
+
+    body = gzip.compress(json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}).encode())
+    with service.client() as client:
+        r = client.post("/v1/completions", content=body,
+                        headers={"content-type": "application/json", "content-encoding": "gzip"})
+        plain = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+                            headers={"content-encoding": "identity"})
+    assert r.status_code == 415
+    assert r.json()["error"]["code"] == "unsupported_content_encoding"
+    assert plain.status_code == 200

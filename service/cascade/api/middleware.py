@@ -195,6 +195,11 @@ class GatewayMiddleware:
                 await self._reply(send_wrapper, 413, f"Request body is larger than the limit of {limit} bytes",
                                   code="body_too_large")
                 return
+            encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+            if encoding not in ("", "identity"):
+                await self._reply(send_wrapper, 415, f"Content-Encoding {encoding!r} is not supported: send the "
+                                  "body uncompressed", code="unsupported_content_encoding")
+                return
             admitted = path.startswith("/v1/") or path in ("/compress", "/decompress")
             if admitted and self.inflight >= self.settings.max_concurrent_requests:
                 await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
