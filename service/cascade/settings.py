@@ -216,7 +216,7 @@ LIMITS = [
     ("codec_max_segments", "segments in a container", "400 `container_too_large`"),
     ("codec_max_output_bytes", "total original bytes a container declares", "400 `container_too_large`"),
     ("codec_max_context_bytes", "/compress context and a container's header context",
-     "400, param `context` / `container_too_large`"),
+     "400 `context_too_large`, param `context` / `container_too_large`"),
     ("codec_lane_tokens", "default lane length (a request's lane_tokens ≥ 16, capped by the context)",
      "400, param `lane_tokens`"),
     ("codec_lanes", "default lanes per segment (a request's lanes, 1…64)", "400, param `lanes`"),

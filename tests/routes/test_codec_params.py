@@ -22,7 +22,8 @@ TEXT = {"content-type": "text/plain"}
     ("lanes=%2B8", "lanes"), ("lanes=1e3", "lanes"), ("lanes=9" * 1 + "9" * 30, "lanes"),
     ("verify=banana", "verify"), ("verify=", "verify"), ("verify=truee", "verify"), ("lanes=65", "lanes"),
     ("precision_bits=12", "precision_bits"), ("unknown=1", "unknown"), ("top_k=abc&top_k=5", "top_k"),
-    ("lanes=8&lanes=8", "lanes"), ("context=%FF", None), ("context=%ED%A0%80", None),
+    ("lanes=8&lanes=8", "lanes"), ("context=%FF", "context"), ("context=%ED%A0%80", "context"), ("lanes=%ff", "lanes"),
+    ("%ff=1", None),
     ("lane_tokens=32&segment_tokens=64", "segment_tokens"), ("=", None), ("=1", None),
 ])
 def test_a_bad_query_parameter_is_a_400_naming_it_and_its_code(fake_service: FakeService, query: str,

@@ -158,6 +158,13 @@ def test_a_kcbs_context_overflow_by_messages_names_messages(service: FakeService
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("context_length_exceeded", "messages")
 
 
+def test_kcbs_steps_past_the_context_are_a_context_overflow_naming_steps(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/kcbs", json={"model": MODEL, "prompt": "x = 1\n" * 100, "beam_width": 2, "steps": 900})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("context_length_exceeded", "steps")
+
+
 @pytest.mark.parametrize("key", ["٣", " 5", "+5", "1_0", "5.0"])
 def test_logit_bias_keys_are_token_ids_in_ascii_digits(service: FakeService, key: str) -> None:
     with service.client() as client:

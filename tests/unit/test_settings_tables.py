@@ -35,3 +35,13 @@ def test_readme_tables_are_the_generated_ones(table: Callable[[], int]) -> None:
     assert not stale, f"README is out of date; regenerate with `cascade config-table{flag}`: {stale}"
     rows = [line for line in out.getvalue().splitlines() if line.startswith("|")]
     assert "\n".join(rows) in readme, f"README's table has rows the generated one lacks: `cascade config-table{flag}`"
+
+
+def test_config_table_takes_only_limits_and_refuses_anything_else(capsys: pytest.CaptureFixture[str]) -> None:
+    from cascade.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["config-table", "--bogus"])
+    assert refused.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert main(["config-table", "--limits"]) == 0
+    assert capsys.readouterr().out.startswith("| setting | env var |")

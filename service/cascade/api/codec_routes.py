@@ -183,17 +183,25 @@ def _query_value(key: str, raw: str) -> object:
     return raw
 
 
+def _undecodable(text: str) -> bool:
+    """Whether percent-decoding left a byte that is not UTF-8 (kept as a lone surrogate)."""
+    return any("\udc80" <= c <= "\udcff" for c in text)
+
+
 def _query(request: Request) -> dict[str, object]:
     """The query parameters, each once, percent-decoded as strict UTF-8 (``%FF`` or a lone surrogate
     is a 400, not silently U+FFFD), as the values they stand for (``_query_value``)."""
     try:
         pairs = parse_qsl(request.scope.get("query_string", b"").decode("utf-8"), keep_blank_values=True,
-                          errors="strict")
+                          errors="surrogateescape")
     except UnicodeDecodeError:
         raise APIError(400, "Invalid query string: percent-encoded bytes must be UTF-8 text",
                        code="invalid_query_string") from None
     query: dict[str, object] = {}
     for key, raw in pairs:
+        if _undecodable(key) or _undecodable(raw):
+            raise APIError(400, "Invalid query string: percent-encoded bytes must be UTF-8 text",
+                           param=None if _undecodable(key) else key, code="invalid_query_string")
         if not key:
             raise APIError(400, "Invalid query string: a parameter without a name", code="invalid_query_string")
         if key in query:

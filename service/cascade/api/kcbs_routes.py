@@ -113,7 +113,7 @@ async def kcbs(body: KcbsRequest, request: Request,
                        param="prompt" if body.prompt is not None else "messages", code="context_length_exceeded")
     if body.steps > room:
         raise APIError(400, f"steps may be at most {room} for this prompt (max_model_len − prompt tokens)",
-                       param="steps")
+                       param="steps", code="context_length_exceeded")
     if body.steps > settings.max_kcbs_steps:
         raise APIError(400, f"steps may be at most {settings.max_kcbs_steps}", param="steps")
     if body.beam_width ** 2 > settings.max_kcbs_candidates:
