@@ -99,6 +99,33 @@ def test_completion_logprobs_use_legacy_shape(openai_client) -> None:
     assert lp.text_offset[0] == 0
 
 
+def test_echo_with_logprobs_scores_every_prompt_token_as_lm_eval_reads_it(openai_client, service) -> None:
+    """A log-likelihood request as lm-evaluation-harness sends it (token ids, echo, logprobs 1,
+    max_tokens 1, temperature 0): one entry per prompt token and the new one, the first without a
+    logprob; each score is the model's for that token after the tokens before it, so a shorter
+    prompt gives the same scores for the positions they share, and the new token is what the same
+    request without echo samples."""
+    with service.client() as client:
+        ids = client.post("/v1/tokenize", json={"model": MODEL, "prompt": CODE_PROMPT}).json()["tokens"]
+
+    def score(prompt: list[int]) -> object:
+        return openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, logprobs=1,
+                                                echo=True)
+
+    full, shorter = score(ids), score(ids[:-2])
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert full.choices[0].text.startswith(CODE_PROMPT) and "".join(lp.tokens).endswith(full.choices[0].text[-1:])
+    for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+        assert logprob <= 0 and top[token] == logprob and logprob <= max(top.values())
+    shared = shorter.choices[0].logprobs.token_logprobs[1:len(ids) - 2]
+    assert shared == pytest.approx(lp.token_logprobs[1:len(ids) - 2], abs=1e-4)
+    plain = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=1)
+    assert lp.tokens[-1] == plain.choices[0].logprobs.tokens[0]
+    assert lp.token_logprobs[-1] == pytest.approx(plain.choices[0].logprobs.token_logprobs[0], abs=1e-4)
+
+
 def test_batched_prompts_give_one_choice_per_prompt(openai_client) -> None:
     out = openai_client.completions.create(model=MODEL, prompt=["import sys\n", CODE_PROMPT], max_tokens=5,
                                            temperature=0)

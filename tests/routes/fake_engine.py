@@ -170,7 +170,10 @@ class FakeEngines:
                 prediction = PredictionCounts(drafted=len(request.prediction.token_ids), accepted=len(tokens))
             completions.append(CompletionDelta(index, self.tokenizer.decode(tokens), tuple(tokens),
                                                "length" if last else None, logprobs, prediction))
-        return Generation(tuple(completions), last, min(len(prompt), 16) if cached else None)
+        prompt_logprobs = None
+        if request.prompt_logprobs is not None and cached:  # the first output carries them, as vLLM's does
+            prompt_logprobs = tuple(self._logprobs(t, request.prompt_logprobs) for t in prompt[1:])
+        return Generation(tuple(completions), last, min(len(prompt), 16) if cached else None, prompt_logprobs)
 
     def _logprobs(self, token: int, top_n: int) -> TokenLogprobs:
         chosen = Candidate(token, self.tokenizer.decode([token]), math.log(0.5))

@@ -86,7 +86,7 @@ def test_chat_without_a_chat_template_is_a_400_naming_it_and_completions_still_w
     assert _sdk(service).completions.create(model=MODEL, prompt="def f():", max_tokens=3).choices[0].text
 
 
-@pytest.mark.parametrize(("field", "value"), [("echo", True), ("suffix", "\n# end"), ("best_of", 3)])
+@pytest.mark.parametrize(("field", "value"), [("suffix", "\n# end"), ("best_of", 3)])
 def test_completion_options_this_service_does_not_implement_are_400s_naming_them(
         service: FakeService, field: str, value: object) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
@@ -289,3 +289,45 @@ def test_a_compressed_request_body_is_a_415_not_a_parse_error(service: FakeServi
     assert r.status_code == 415
     assert r.json()["error"]["code"] == "unsupported_content_encoding"
     assert plain.status_code == 200
+
+
+def test_echo_puts_the_prompt_before_each_completion_streamed_or_not(service: FakeService) -> None:
+    sdk = _sdk(service)
+    whole = sdk.completions.create(model=MODEL, prompt=["def f():", "x = 1"], max_tokens=3, echo=True)
+    assert whole.choices[0].text.startswith("def f():") and whole.choices[1].text.startswith("x = 1")
+    plain = sdk.completions.create(model=MODEL, prompt="def f():", max_tokens=3)
+    streamed = "".join(c.choices[0].text for c in sdk.completions.create(model=MODEL, prompt="def f():",
+                                                                       max_tokens=3, echo=True, stream=True))
+    assert streamed == whole.choices[0].text == "def f():" + plain.choices[0].text
+    ids = service.engines.tokenizer.encode("def f():")
+    by_ids = sdk.completions.create(model=MODEL, prompt=ids, max_tokens=3, echo=True)
+    assert by_ids.choices[0].text == service.engines.tokenizer.decode(ids) + plain.choices[0].text
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_openais_legacy_completions_do(service: FakeService) -> None:
+    """What lm-evaluation-harness reads for a log-likelihood: one list over prompt and completion, the
+    first prompt token without a logprob."""
+    ids = service.engines.tokenizer.encode("def f():")
+    sdk = _sdk(service)
+    whole = sdk.completions.create(model=MODEL, prompt=ids, max_tokens=2, echo=True, logprobs=1, temperature=0)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None and logprobs.token_logprobs is not None
+    assert len(logprobs.tokens) == len(ids) + 2
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs is not None
+    assert logprobs.top_logprobs[0] is None
+    assert all(lp is not None and lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert logprobs.text_offset is not None and logprobs.text_offset[0] == 0
+    assert "".join(logprobs.tokens) == whole.choices[0].text
+    chunks = list(sdk.completions.create(model=MODEL, prompt=ids, max_tokens=2, echo=True, logprobs=1,
+                                         temperature=0, stream=True))
+    streamed = [t for c in chunks for t in (c.choices[0].logprobs.tokens or [])]  # type: ignore[union-attr]
+    offsets = [o for c in chunks for o in (c.choices[0].logprobs.text_offset or [])]  # type: ignore[union-attr]
+    assert streamed == logprobs.tokens and offsets == logprobs.text_offset
+
+
+@pytest.mark.parametrize("extra", [{"codec": {"mode": "encode"}}, {"compression": True}])
+def test_echo_beside_the_codec_or_the_export_is_a_400_naming_echo(service: FakeService, extra: dict[str, object]
+                                                                   ) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "echo": True, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text

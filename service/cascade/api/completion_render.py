@@ -92,6 +92,19 @@ def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind,
     return [_entry(position, top_n, kind, table) for position in delta.logprobs]
 
 
+def prompt_entries(prompt: Sequence[int], positions: Sequence[TokenLogprobs], top_n: int,
+                   table: TokenTable | None) -> tuple[list[dict[str, Any]], list[int]]:
+    """An echoed prompt's logprob entries and their characters, as OpenAI's legacy completions give
+    them: the first token has nothing to be predicted from, so its logprob and top_logprobs are null."""
+    if not prompt:
+        return [], []
+    first = _top_entry(prompt[0], "", 0.0, table)
+    first["logprob"], first["top_logprobs"] = None, None
+    entries = [first, *(_entry(position, top_n, "completion", table) for position in positions)]
+    spelled = "" if first["token"].startswith("bytes:") else first["token"]
+    return entries, [len(spelled), *(len(position.token) for position in positions)]
+
+
 def text_lengths(delta: CompletionDelta, top_n: int | None) -> list[int]:
     """Characters each logprob entry's token adds to the text (the engine's spellings add up to it)."""
     if top_n is None or delta.logprobs is None:
@@ -107,7 +120,8 @@ def render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int,
         return {"content": entries}
     offsets = list(itertools.accumulate(characters[:-1], initial=text_offset)) if characters else []
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [None if e["top_logprobs"] is None
+                             else {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}
 
 

@@ -20,6 +20,7 @@ from cascade.api.completion_render import (
     continuous_usage,
     envelope,
     logprob_entries,
+    prompt_entries,
     render_logprobs,
     stream_flags,
     text_lengths,
@@ -31,7 +32,7 @@ from cascade.api.input_bounds import check_words
 from cascade.api.input_bounds import tokenize as tokenize_text
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from cascade.api.predictions import PredictionUsage, predicted
-from cascade.api.prompts import chat_prompt_from_messages, completion_prompts
+from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, echo_texts
 from cascade.api.sampling import check_model, generation_request, resolve_max_tokens, unsupported_fields
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_data, until_disconnect
 from cascade.api.structured import response_grammar
@@ -65,11 +66,25 @@ class Plan:
     cached_tokens: dict[int, int] = field(default_factory=dict)
     tokens: TokenTable | None = None
     """Spells the tokens of logprobs (set when they were asked for)."""
+    echo: list[str] | None = None
+    """Each prompt's text, put before its completions (a completion's ``echo``)."""
+    echo_logprobs: dict[int, tuple[list[dict[str, Any]], list[int]]] = field(default_factory=dict)
 
     def observe(self, prompt_index: int, output: Generation) -> None:
-        """Remember how many prompt tokens the engine's prefix cache served (reported per prompt)."""
+        """Remember how many prompt tokens the engine's prefix cache served (reported per prompt), and
+        an echoed prompt's log-probabilities (they come with its first output)."""
         if output.cached_tokens is not None:
             self.cached_tokens[prompt_index] = output.cached_tokens
+        if output.prompt_logprobs is not None and self.top_logprobs is not None:
+            self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], output.prompt_logprobs,
+                                                              self.top_logprobs, self.tokens)
+
+    def echoed(self, prompt_index: int) -> Choice:
+        """A choice's start: its prompt when echoed (text, and logprobs when asked for), else nothing."""
+        if self.echo is None:
+            return Choice()
+        entries, characters = self.echo_logprobs.get(prompt_index, ([], []))
+        return Choice(text=self.echo[prompt_index], logprobs=list(entries), characters=list(characters))
 
     def observe_delta(self, delta: CompletionDelta) -> None:
         """Collect per-sequence statistics and the tokens the codec will code."""
@@ -90,8 +105,10 @@ async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice
     async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
         plan.observe(prompt_index, output)
         for delta in output.completions:
-            choices.setdefault(prompt_index * plan.request.n + delta.index, Choice()).add(
-                delta, plan.top_logprobs, plan.kind, plan.tokens)
+            index = prompt_index * plan.request.n + delta.index
+            if index not in choices:
+                choices[index] = plan.echoed(prompt_index)
+            choices[index].add(delta, plan.top_logprobs, plan.kind, plan.tokens)
             plan.observe_delta(delta)
     return choices
 
@@ -147,14 +164,16 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             completion_tokens += len(delta.token_ids)
             plan.observe_delta(delta)
             metrics.completion_tokens.labels(plan.kind).inc(len(delta.token_ids))
+            start = plan.echoed(prompt_index) if index not in announced else Choice()
+            text = start.text + delta.text
             logprobs = None
             if plan.top_logprobs is not None:
-                entries = logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
+                entries = start.logprobs + logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
                 logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0),
-                                           text_lengths(delta, plan.top_logprobs))
-            text_offsets[index] = text_offsets.get(index, 0) + len(delta.text)
+                                           start.characters + text_lengths(delta, plan.top_logprobs))
+            text_offsets[index] = text_offsets.get(index, 0) + len(text)
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True)
-            chunk["choices"] = [choice_body(plan.kind, index, delta.text, logprobs, delta.finish_reason, chunk=True,
+            chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,
                                             first=index not in announced)]
             announced.add(index)
             if plan.codec is not None:
@@ -235,10 +254,12 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
 
         return await codec_completion(request, body, prompts, settings, sample_and_code)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
-                                  vocab_size=vocab, stream=stream, prediction=prediction)
+                                  vocab_size=vocab, stream=stream, prediction=prediction,
+                                  prompt_logprobs=body.logprobs if body.echo else None)
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
-                tokens=get_gateway(request).token_table() if body.logprobs is not None else None)
+                tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
+                echo=echo_texts(body.prompt, prompts, engines.tokenizer) if body.echo else None)
     return await _respond(request, plan, settings, engines, metrics)
 
 

@@ -48,6 +48,13 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
     return out
 
 
+def echo_texts(value: str | list[Any], prompts: list[list[int]], tokenizer: Any) -> list[str]:
+    """What ``echo`` puts before each prompt's completions: the prompt text as sent, token ids decoded."""
+    items = [value] if isinstance(value, str) or all(isinstance(v, int) for v in value) else value
+    return [item if isinstance(item, str) else str(tokenizer.decode(ids)) for item, ids in zip(items, prompts,
+                                                                                               strict=True)]
+
+
 def _tool_call(call: ToolCall, structured: bool) -> dict[str, Any]:
     """A replayed tool call: Hugging Face's shape (arguments as an object when they parse as one,
     as tool-aware templates expect) for a template that reads ``tool_calls``, otherwise one JSON

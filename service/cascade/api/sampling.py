@@ -85,7 +85,7 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Setting
 
 def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
                        vocab_size: int, stream: bool, prediction: Prediction | None = None,
-                       grammar: str | None = None) -> GenerationRequest:
+                       grammar: str | None = None, prompt_logprobs: int | None = None) -> GenerationRequest:
     """What to ask the engine for; every range the models check was checked already, these are the
     rules that need the request as a whole or the service's limits."""
     if request.n > settings.max_n:
@@ -109,7 +109,8 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         bad_words=None if request.bad_words is None else tuple(request.bad_words),
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty, grammar=grammar, prediction=prediction)
+        repetition_penalty=request.repetition_penalty, grammar=grammar, prediction=prediction,
+        prompt_logprobs=prompt_logprobs)
 
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:
@@ -119,8 +120,9 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> No
             raise APIError(400, "suffix is not supported", param="suffix")
         if request.best_of not in (None, request.n):
             raise APIError(400, "best_of is not supported", param="best_of")
-        if request.echo:
-            raise APIError(400, "echo is not supported", param="echo")
+        if request.echo and (request.codec is not None or request.compression):
+            raise APIError(400, "echo cannot be combined with " + ("codec" if request.codec else "compression"),
+                           param="echo")
     else:
         if request.tools and request.tool_choice != "none":
             raise APIError(400, "tools are not supported by this model; send tool_choice 'none' to pass tools "

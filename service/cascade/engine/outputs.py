@@ -38,7 +38,11 @@ def generation(output: Any) -> Generation:
         CompletionDelta(index=c.index, text=c.text, token_ids=tuple(c.token_ids), finish_reason=c.finish_reason,
                         logprobs=_token_logprobs(c.token_ids, c.logprobs), prediction=_prediction_counts(c))
         for c in output.outputs)
-    return Generation(completions, bool(output.finished), output.num_cached_tokens)
+    prompt = getattr(output, "prompt_logprobs", None)
+    prompt_logprobs = None
+    if prompt and output.prompt_token_ids is not None:
+        prompt_logprobs = _token_logprobs(output.prompt_token_ids[1:], prompt[1:])
+    return Generation(completions, bool(output.finished), output.num_cached_tokens, prompt_logprobs)
 
 
 def export_positions(prompt: Sequence[int], output: Any, k: int) -> list[ExportPosition]:

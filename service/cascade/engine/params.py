@@ -70,6 +70,7 @@ def sampling_params(request: GenerationRequest, vocab_size: int) -> SamplingPara
         "output_kind": RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         "extra_args": _extra_args(request),
         "structured_outputs": None if request.grammar is None else StructuredOutputsParams(grammar=request.grammar),
+        "prompt_logprobs": None if exporting else request.prompt_logprobs,
     }
     optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
                 "min_p": request.min_p, "presence_penalty": request.presence_penalty,

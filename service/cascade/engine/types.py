@@ -59,6 +59,8 @@ class GenerationRequest:
     grammar: str | None = None
     prediction: Prediction | None = None
     export_top_k: int | None = None
+    prompt_logprobs: int | None = None
+    """The prompt's own log-probabilities with this many alternatives (a completion's ``echo``)."""
 
 
 @dataclass(frozen=True)
@@ -108,3 +110,5 @@ class Generation:
     completions: tuple[CompletionDelta, ...]
     finished: bool
     cached_tokens: int | None = None
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    """Positions 1… of the prompt (position 0 has nothing to be predicted from), when asked for."""
