@@ -121,6 +121,10 @@ def test_echo_with_logprobs_scores_every_prompt_token_as_lm_eval_reads_it(openai
         assert logprob <= 0 and top[token] == logprob and logprob <= max(top.values())
     shared = shorter.choices[0].logprobs.token_logprobs[1:len(ids) - 2]
     assert shared == pytest.approx(lp.token_logprobs[1:len(ids) - 2], abs=1e-4)
+    prompt_only = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=0, logprobs=1, echo=True)
+    prompt_scores = prompt_only.choices[0].logprobs.token_logprobs
+    assert prompt_scores[0] is None and prompt_scores[1:] == pytest.approx(lp.token_logprobs[1:-1], abs=1e-4)
+    assert prompt_only.choices[0].text == CODE_PROMPT and prompt_only.usage.completion_tokens == 0
     plain = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=1)
     assert lp.tokens[-1] == plain.choices[0].logprobs.tokens[0]
     assert lp.token_logprobs[-1] == pytest.approx(plain.choices[0].logprobs.token_logprobs[0], abs=1e-4)

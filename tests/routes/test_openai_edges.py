@@ -331,3 +331,18 @@ def test_echo_beside_the_codec_or_the_export_is_a_400_naming_echo(service: FakeS
     with service.client() as client:
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "echo": True, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_and_samples_nothing_visible(service: FakeService) -> None:
+    ids = service.engines.tokenizer.encode("def f():")
+    sdk = _sdk(service)
+    scored = sdk.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    choice = scored.choices[0]
+    assert choice.text == service.engines.tokenizer.decode(ids) and choice.finish_reason == "length"
+    assert choice.logprobs is not None and len(choice.logprobs.tokens or []) == len(ids)
+    assert scored.usage is not None and scored.usage.completion_tokens == 0
+    chunks = list(sdk.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model=MODEL, prompt=ids, max_tokens=0)
+    assert refused.value.body["param"] == "max_tokens"  # type: ignore[index]

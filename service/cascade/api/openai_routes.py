@@ -69,6 +69,8 @@ class Plan:
     echo: list[str] | None = None
     """Each prompt's text, put before its completions (a completion's ``echo``)."""
     echo_logprobs: dict[int, tuple[list[dict[str, Any]], list[int]]] = field(default_factory=dict)
+    score_only: bool = False
+    """``echo`` with ``max_tokens`` 0: the engine samples one token for the prompt's scores; none is shown."""
 
     def observe(self, prompt_index: int, output: Generation) -> None:
         """Remember how many prompt tokens the engine's prefix cache served (reported per prompt), and
@@ -78,6 +80,12 @@ class Plan:
         if output.prompt_logprobs is not None and self.top_logprobs is not None:
             self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], output.prompt_logprobs,
                                                               self.top_logprobs, self.tokens)
+
+    def shown(self, delta: CompletionDelta) -> CompletionDelta:
+        """What the client sees of a delta: nothing of it when only the prompt is scored."""
+        if not self.score_only:
+            return delta
+        return CompletionDelta(delta.index, "", (), "length" if delta.finish_reason is not None else None, ())
 
     def echoed(self, prompt_index: int) -> Choice:
         """A choice's start: its prompt when echoed (text, and logprobs when asked for), else nothing."""
@@ -104,7 +112,7 @@ async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice
     choices: dict[int, Choice] = {}
     async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
         plan.observe(prompt_index, output)
-        for delta in output.completions:
+        for delta in map(plan.shown, output.completions):
             index = prompt_index * plan.request.n + delta.index
             if index not in choices:
                 choices[index] = plan.echoed(prompt_index)
@@ -156,7 +164,7 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
     announced: set[int] = set()
     async for prompt_index, output in outputs:
         plan.observe(prompt_index, output)
-        for delta in output.completions:
+        for delta in map(plan.shown, output.completions):
             index = prompt_index * plan.request.n + delta.index
             if first:
                 metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
@@ -235,9 +243,12 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     prompts = await completion_prompts(engines, body.prompt, settings.max_model_len, settings.max_prompts)
     if body.compression:
         return await export_completion(request, body, prompts, settings, engines, metrics)
-    if body.max_tokens == 0:
-        raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
-    max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)
+    score_only = body.echo and body.max_tokens == 0
+    if body.max_tokens == 0 and not score_only:
+        raise APIError(400, "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
+                       param="max_tokens")
+    requested = 1 if score_only else body.max_tokens
+    max_tokens = max(resolve_max_tokens(requested, len(p), settings, "max_tokens") for p in prompts)
     stream, include_usage = stream_flags(body)
     prediction = await predicted(body, engines, settings)
     if prediction is not None and len(prompts) > 1:
@@ -259,7 +270,8 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
-                echo=echo_texts(body.prompt, prompts, engines.tokenizer) if body.echo else None)
+                echo=echo_texts(body.prompt, prompts, engines.tokenizer) if body.echo else None,
+                score_only=score_only)
     return await _respond(request, plan, settings, engines, metrics)
 
 
