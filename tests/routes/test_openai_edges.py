@@ -286,7 +286,8 @@ def test_a_compressed_request_body_is_a_415_not_a_parse_error(service: FakeServi
                         headers={"content-type": "application/json", "content-encoding": "gzip"})
         plain = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
                             headers={"content-encoding": "identity"})
-    assert r.status_code == 415
+        bodiless = client.get("/v1/models", headers={"content-encoding": "gzip"})
+    assert r.status_code == 415 and bodiless.status_code == 200
     assert r.json()["error"]["code"] == "unsupported_content_encoding"
     assert plain.status_code == 200
 
@@ -346,3 +347,6 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_samples_nothing_visible(se
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.completions.create(model=MODEL, prompt=ids, max_tokens=0)
     assert refused.value.body["param"] == "max_tokens"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as too_many:
+        sdk.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, extra_body={"min_tokens": 5})
+    assert "max_tokens (0)" in too_many.value.message

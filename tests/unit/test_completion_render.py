@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-from cascade.api.completion_render import LOGPROB_FLOOR, logprob_entries, sampled_text
+from cascade.api.completion_render import LOGPROB_FLOOR, logprob_entries, prompt_entries, render_logprobs, sampled_text
 from cascade.engine.types import Candidate, CompletionDelta, TokenLogprobs
+from cascade.export.token_table import TokenTable
 
 PYCODER = Path(__file__).resolve().parents[2] / "models" / "pycoder-23m"
 EOS = 1
@@ -118,3 +119,22 @@ def test_the_engines_spelling_of_a_whole_token_is_kept() -> None:
     delta = CompletionDelta(0, " x", (0,), None, logprobs=(TokenLogprobs(0, " x", -0.5, (Candidate(0, " x", -0.5),)),))
     entry = logprob_entries(delta, 1, "chat", table)[0]
     assert entry["token"] == " x" and entry["bytes"] == [32, ord("x")]
+
+
+@pytest.mark.parametrize(("pieces", "text", "offsets"), [
+    ([b"\xf0\x9f", b"\x98", b"\x80", b"y", b" =", b" 1"], "\U0001f600y = 1", [0, 0, 0, 1, 2, 4]),
+    ([b"<s>", b"ab", b" c"], "ab c", [0, 0, 2]),
+    ([b"x", b"\xc3", b"\xa9", b"!"], "x\u00e9!", [0, 1, 1, 2]),
+    ([b" foo", b" bar"], "foo bar", [0, 3]),
+])
+def test_echoed_prompt_offsets_index_the_echoed_text(pieces: list[bytes], text: str, offsets: list[int]) -> None:
+    """A token holding part of a character adds none of it, the one completing it adds it; a token the
+    text does not show (a BOS) adds nothing; the characters add up to the text."""
+    table = TokenTable(tuple(p.decode("utf-8", "replace") for p in pieces), tuple(pieces))
+    prompt = list(range(len(pieces)))
+    positions = [TokenLogprobs(t, "", -1.0, (Candidate(t, "", -1.0),)) for t in prompt[1:]]
+    entries, characters = prompt_entries(prompt, text, positions, 1, table)
+    assert sum(characters) == len(text)
+    rendered = render_logprobs("completion", entries, 0, characters)
+    assert rendered["text_offset"] == offsets
+    assert rendered["token_logprobs"][0] is None and rendered["top_logprobs"][0] is None

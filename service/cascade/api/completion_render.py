@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -92,17 +93,31 @@ def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind,
     return [_entry(position, top_n, kind, table) for position in delta.logprobs]
 
 
-def prompt_entries(prompt: Sequence[int], positions: Sequence[TokenLogprobs], top_n: int,
-                   table: TokenTable | None) -> tuple[list[dict[str, Any]], list[int]]:
+def prompt_entries(prompt: Sequence[int], text: str, positions: Sequence[TokenLogprobs], top_n: int,
+                   table: TokenTable) -> tuple[list[dict[str, Any]], list[int]]:
     """An echoed prompt's logprob entries and their characters, as OpenAI's legacy completions give
-    them: the first token has nothing to be predicted from, so its logprob and top_logprobs are null."""
+    them: the first token has nothing to be predicted from, so its logprob and top_logprobs are null.
+
+    The characters are counted on the echoed ``text`` itself: each token's bytes decoded in sequence
+    (a token ending inside a character adds none, the one completing it adds it) and matched where
+    the text continues; a token the text does not show (a BOS the tokenizer added) adds none. So the
+    offsets index the returned text and their total is its length."""
     if not prompt:
         return [], []
     first = _top_entry(prompt[0], "", 0.0, table)
     first["logprob"], first["top_logprobs"] = None, None
     entries = [first, *(_entry(position, top_n, "completion", table) for position in positions)]
-    spelled = "" if first["token"].startswith("bytes:") else first["token"]
-    return entries, [len(spelled), *(len(position.token) for position in positions)]
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    characters, at = [], 0
+    for token in prompt:
+        piece = decoder.decode(table.data(token))
+        if at == 0 and piece.startswith(" ") and not text.startswith(piece):
+            piece = piece[1:]  # SentencePiece's leading space on the first word
+        shown = text.startswith(piece, at)
+        characters.append(len(piece) if shown else 0)
+        at += len(piece) if shown else 0
+    characters[-1] += len(text) - at
+    return entries, characters
 
 
 def text_lengths(delta: CompletionDelta, top_n: int | None) -> list[int]:

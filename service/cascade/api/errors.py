@@ -111,7 +111,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         loc.extend(str(part) for part in cause.path)
     param = ".".join(loc) or None
     if first.get("type") == "missing" and not loc:
-        return "The request body is empty: send a JSON object with content-type: application/json", None
+        return "The request body is empty (or null): send a JSON object", None
     if first.get("type") == "json_invalid":
         return "Request body is not valid JSON: " + str(first.get("msg", "")), None
     msg = str(first.get("msg", "invalid value"))

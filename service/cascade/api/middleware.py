@@ -196,7 +196,7 @@ class GatewayMiddleware:
                                   code="body_too_large")
                 return
             encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
-            if encoding not in ("", "identity"):
+            if encoding not in ("", "identity") and scope["method"] in ("POST", "PUT", "PATCH"):
                 await self._reply(send_wrapper, 415, f"Content-Encoding {encoding!r} is not supported: send the "
                                   "body uncompressed", code="unsupported_content_encoding")
                 return

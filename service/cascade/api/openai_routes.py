@@ -77,9 +77,9 @@ class Plan:
         an echoed prompt's log-probabilities (they come with its first output)."""
         if output.cached_tokens is not None:
             self.cached_tokens[prompt_index] = output.cached_tokens
-        if output.prompt_logprobs is not None and self.top_logprobs is not None:
-            self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], output.prompt_logprobs,
-                                                              self.top_logprobs, self.tokens)
+        if output.prompt_logprobs is not None and self.top_logprobs is not None and self.echo and self.tokens:
+            self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], self.echo[prompt_index],
+                                                              output.prompt_logprobs, self.top_logprobs, self.tokens)
 
     def shown(self, delta: CompletionDelta) -> CompletionDelta:
         """What the client sees of a delta: nothing of it when only the prompt is scored."""
@@ -247,6 +247,9 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     if body.max_tokens == 0 and not score_only:
         raise APIError(400, "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
                        param="max_tokens")
+    if score_only and body.min_tokens:
+        raise APIError(400, f"min_tokens ({body.min_tokens}) may not exceed max_tokens (0)", param="min_tokens",
+                       code="invalid_value")
     requested = 1 if score_only else body.max_tokens
     max_tokens = max(resolve_max_tokens(requested, len(p), settings, "max_tokens") for p in prompts)
     stream, include_usage = stream_flags(body)

@@ -76,6 +76,10 @@ _READS_NAMES = re.compile(r"""\b(message|msg|m)\s*(\[\s*['"]name['"]\s*\]|\.name
 (SmolLM2's default system prompt says "assistant named SmolLM")."""
 
 
+_NAMES_DEVELOPER = re.compile(r"""['"]developer['"]""")
+"""A template with a developer role compares a message's role with the string ``'developer'``."""
+
+
 def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages for the chat template; a ``name`` goes to the template when the template reads
     names, and is refused otherwise (dropping it would silently change the conversation).
@@ -88,7 +92,7 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
     the model never saw)."""
     template = str(getattr(tokenizer, "chat_template", None) or "")
     reads_names = _READS_NAMES.search(template) is not None
-    developer_role = "developer" if "developer" in template else "system"
+    developer_role = "developer" if _NAMES_DEVELOPER.search(template) else "system"
     messages = []
     for i, message in enumerate(chat):
         if (media := message.media()) is not None:
