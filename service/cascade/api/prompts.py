@@ -51,8 +51,8 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
 def echo_texts(value: str | list[Any], prompts: list[list[int]], tokenizer: Any) -> list[str]:
     """What ``echo`` puts before each prompt's completions: the prompt text as sent, token ids decoded."""
     items = [value] if isinstance(value, str) or all(isinstance(v, int) for v in value) else value
-    return [item if isinstance(item, str) else str(tokenizer.decode(ids)) for item, ids in zip(items, prompts,
-                                                                                               strict=True)]
+    return [item if isinstance(item, str) else str(tokenizer.decode(ids))
+            for item, ids in zip(items, prompts, strict=True)]
 
 
 def _tool_call(call: ToolCall, structured: bool) -> dict[str, Any]:
