@@ -338,7 +338,8 @@ def test_engine_death_fails_inflight_with_503_and_exits_non_zero(tmp_path_factor
         wait_for(lambda: unfinished_engine_requests(svc) >= len(threads)
                  and any(line.startswith("data: {") for line in streamed), 120,
                  "all four requests running in the engine and the stream's first tokens out",
-                 detail=lambda: (unfinished_engine_requests(svc), streamed[:2]))
+                 detail=lambda: (unfinished_engine_requests(svc),
+                                 [getattr(r, "status_code", repr(r)) for r in results], streamed[:2]))
         assert not results and not any("[DONE]" in line for line in streamed), "a request ended before the kill"
         os.kill(cores[0].pid, signal.SIGKILL)
         for t in threads:

@@ -33,7 +33,13 @@ from cascade.api.input_bounds import tokenize as tokenize_text
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from cascade.api.predictions import PredictionUsage, predicted
 from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, echo_texts
-from cascade.api.sampling import check_model, generation_request, resolve_max_tokens, unsupported_fields
+from cascade.api.sampling import (
+    check_min_tokens,
+    check_model,
+    generation_request,
+    resolve_max_tokens,
+    unsupported_fields,
+)
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_data, until_disconnect
 from cascade.api.structured import response_grammar
 from cascade.api.topk_export import export_completion
@@ -247,9 +253,8 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     if body.max_tokens == 0 and not score_only:
         raise APIError(400, "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
                        param="max_tokens")
-    if score_only and body.min_tokens:
-        raise APIError(400, f"min_tokens ({body.min_tokens}) may not exceed max_tokens (0)", param="min_tokens",
-                       code="invalid_value")
+    if score_only:
+        check_min_tokens(body.min_tokens, 0)
     requested = 1 if score_only else body.max_tokens
     max_tokens = max(resolve_max_tokens(requested, len(p), settings, "max_tokens") for p in prompts)
     stream, include_usage = stream_flags(body)

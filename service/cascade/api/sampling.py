@@ -83,6 +83,14 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Setting
     return requested if requested is not None else min(room, settings.max_tokens_limit)
 
 
+def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
+    """``max_tokens`` is the request's own (0 when echo only scores the prompt), not what the engine is
+    asked for."""
+    if min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({min_tokens}) may not exceed max_tokens ({max_tokens})",
+                       param="min_tokens", code="invalid_value")
+
+
 def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
                        vocab_size: int, stream: bool, prediction: Prediction | None = None,
                        grammar: str | None = None, prompt_logprobs: int | None = None) -> GenerationRequest:
@@ -93,9 +101,7 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
     if request.n > 1 and request.temperature == 0:
         raise APIError(400, "n > 1 needs temperature > 0: greedy decoding gives n identical choices",
                        param="n", code="invalid_value")
-    if request.min_tokens > max_tokens:
-        raise APIError(400, f"min_tokens ({request.min_tokens}) may not exceed max_tokens ({max_tokens})",
-                       param="min_tokens", code="invalid_value")
+    check_min_tokens(request.min_tokens, max_tokens)
     if any(not word.lstrip() for word in request.bad_words or []):
         raise APIError(400, "bad_words entries must contain a non-whitespace character", param="bad_words",
                        code="invalid_value")

@@ -110,13 +110,17 @@ def install() -> bool:
     if not getattr(getattr(module, MASK, None), _MARK, False) and empty_step_fails():
         setattr(module, MASK, skipping_empty_steps(getattr(module, MASK)))
         replaced = True
-    left = problems() + (["the top-k/top-p mask raises on a step without drafts"] if empty_step_fails() else [])
+    left = remaining()
     if left:
         raise IncompatibleVllmError(f"the draft-sampling fix did not take effect: {'; '.join(left)}")
     return replaced
 
 
+def remaining() -> list[str]:
+    """What the module in use still gets wrong, both probes together (vLLM's functions or the
+    replacements): the expansion's dropped values, and a mask that raises on a step without drafts."""
+    return problems() + (["the top-k/top-p mask raises on a step without drafts"] if empty_step_fails() else [])
+
+
 def is_installed() -> bool:
-    """The expansion in use is correct and the mask takes a step without drafts (vLLM's own, or the
-    replacements)."""
-    return not is_broken() and not empty_step_fails()
+    return not remaining()
