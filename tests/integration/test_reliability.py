@@ -103,6 +103,31 @@ def _read_some(lines: Iterator[str], count: int) -> list[str]:
     return seen
 
 
+class HeldBody:
+    """A JSON request body sent in two parts, the second only once ``release`` is set. Until then the
+    request holds its admission slot and reaches no engine: a test that needs requests in flight does
+    not race a machine fast enough to finish them first."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+        self.release = threading.Event()
+
+    def headers(self, service: Service) -> dict[str, str]:
+        return {**service.headers, "content-type": "application/json"}
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self.data[:1]
+        self.release.wait(90)
+        yield self.data[1:]
+
+
+def inflight_requests(service: Service) -> float:
+    """The gateway's ``cascade_inflight_requests`` gauge: requests holding an admission slot."""
+    text = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("cascade_inflight_requests "))
+
+
 # ------------------------------------------------------------------------------- leaks after aborts
 
 
@@ -380,35 +405,38 @@ def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]
 
 def test_overload_answers_429_with_retry_after_instead_of_hanging(tight_service: Service) -> None:
     svc = tight_service
-    body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 300, "ignore_eos": True}
-    started: list[int] = []  # a status as each stream's headers arrive: admitted and generating
+    body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 20}
+    held = [HeldBody(body) for _ in range(3)]
     done: list[int] = []
 
-    def slow() -> None:
-        with httpx.stream("POST", f"{svc.base_url}/v1/completions", json={**body, "stream": True},
-                          headers=svc.headers, timeout=120) as r:
-            started.append(r.status_code)
-            for _ in r.iter_lines():
-                pass
-        done.append(r.status_code)
+    def hold(request: HeldBody) -> None:
+        done.append(httpx.post(f"{svc.base_url}/v1/completions", content=request, headers=request.headers(svc),
+                               timeout=120).status_code)
 
-    threads = [threading.Thread(target=slow) for _ in range(3)]
+    threads = [threading.Thread(target=hold, args=(request,)) for request in held]
     for t in threads:
         t.start()
-    # Watched from the client side only: every request the service gets, /metrics and /health included,
-    # holds one of its three in-flight slots while it is served.
-    wait_for(lambda: len(started) == 3, 60, "the three requests admitted and streaming", detail=lambda: started)
-    assert started == [200, 200, 200], started
-    r = httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers, timeout=30)
-    # Refused at once, not after waiting for a slot: the slot holders are still running when it comes back.
-    assert len(done) < 3, f"the fourth request was answered only after the first three finished: {done}"
-    assert r.status_code == 429, r.text
-    assert r.headers["retry-after"] == "1"
-    assert r.json()["error"]["code"] == "overloaded" and r.json()["error"]["type"] == "rate_limit_error"
-    assert httpx.get(f"{svc.base_url}/health", timeout=5).status_code == 200  # ops routes are not admitted
-    for t in threads:
-        t.join(timeout=120)
+    try:
+        # The three hold their slots until released, however fast this machine generates: the fourth
+        # cannot be answered by a slot coming free, only by the refusal.
+        wait_for(lambda: inflight_requests(svc) == 3, 60, "the three requests admitted",
+                 detail=lambda: (inflight_requests(svc), done))
+        try:
+            r = httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers, timeout=30)
+        except httpx.TimeoutException:
+            pytest.fail("the fourth request waited for a slot instead of being refused at once")
+        assert not done, done
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "overloaded" and r.json()["error"]["type"] == "rate_limit_error"
+        assert httpx.get(f"{svc.base_url}/health", timeout=5).status_code == 200  # ops routes are not admitted
+    finally:
+        for request in held:
+            request.release.set()
+        for t in threads:
+            t.join(timeout=120)
     assert done == [200, 200, 200]
+    assert wait_for(lambda: inflight_requests(svc) == 0, 30, "every slot given back")
 
 
 def test_max_tokens_over_the_configured_limit_is_400(tight_service: Service) -> None:
@@ -426,11 +454,11 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
     body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 300, "ignore_eos": True, "temperature": 1.0}
     results: list[dict[str, Any] | str] = []
 
-    def one(stream: bool) -> None:
+    def one(stream: bool, request: HeldBody) -> None:
         try:
             if stream:
-                with httpx.stream("POST", f"{svc.base_url}/v1/completions", headers=svc.headers, timeout=120,
-                                  json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+                with httpx.stream("POST", f"{svc.base_url}/v1/completions", content=request,
+                                  headers=request.headers(svc), timeout=120) as r:
                     if r.status_code != 200:
                         results.append({"status": r.status_code, "body": r.read().decode()[:300]})
                         return
@@ -438,26 +466,33 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
                 usage = json.loads(lines[-1][6:])["usage"]
                 results.append({"status": r.status_code, "completion_tokens": usage["completion_tokens"]})
             else:
-                r = httpx.post(f"{svc.base_url}/v1/completions", json=body, headers=svc.headers, timeout=120)
+                r = httpx.post(f"{svc.base_url}/v1/completions", content=request, headers=request.headers(svc),
+                               timeout=120)
                 results.append({"status": r.status_code, "completion_tokens": r.json()["usage"]["completion_tokens"]})
         except Exception as exc:
             results.append(f"{type(exc).__name__}: {exc}")
 
-    # One plain, one streamed: the third of the service's three in-flight slots is for the polls below.
-    threads = [threading.Thread(target=one, args=(False,)), threading.Thread(target=one, args=(True,))]
+    # Plain, streamed and plain, every body still arriving when SIGTERM comes: all three are surely in
+    # flight, however fast this machine generates, and all three generate during the drain.
+    held = [HeldBody(body), HeldBody({**body, "stream": True, "stream_options": {"include_usage": True}}),
+            HeldBody(body)]
+    threads = [threading.Thread(target=one, args=(i == 1, request)) for i, request in enumerate(held)]
     for t in threads:
         t.start()
-    wait_for(lambda: unfinished_engine_requests(svc) == len(threads), 60,
-             "both requests running in the engine before SIGTERM",
-             detail=lambda: (unfinished_engine_requests(svc), results))
-    assert not results, f"requests must be in flight when SIGTERM arrives: {results}"
-    sent = time.monotonic()
-    svc.process.send_signal(signal.SIGTERM)
-    port = int(svc.base_url.rsplit(":", 1)[1])
-    wait_for(lambda: _refuses_connections(port), 30, "the listening socket to close after SIGTERM")
-    assert len(results) < len(threads), f"the socket closed only after the in-flight requests ended: {results}"
-    with pytest.raises(httpx.TransportError):  # the listening socket is closed: new work is refused
-        httpx.post(f"{svc.base_url}/v1/completions", json={**body, "max_tokens": 2}, headers=svc.headers, timeout=5)
+    try:
+        wait_for(lambda: inflight_requests(svc) == len(threads), 60, "the three requests admitted before SIGTERM",
+                 detail=lambda: (inflight_requests(svc), results))
+        sent = time.monotonic()
+        svc.process.send_signal(signal.SIGTERM)
+        port = int(svc.base_url.rsplit(":", 1)[1])
+        wait_for(lambda: _refuses_connections(port), 30, "the listening socket to close after SIGTERM")
+        assert not results, f"a request ended before its body was sent: {results}"
+        with pytest.raises(httpx.TransportError):  # the listening socket is closed: new work is refused
+            httpx.post(f"{svc.base_url}/v1/completions", json={**body, "max_tokens": 2}, headers=svc.headers,
+                       timeout=5)
+    finally:
+        for request in held:
+            request.release.set()
     for t in threads:
         t.join(timeout=120)
     code = svc.process.wait(timeout=120)
