@@ -124,14 +124,20 @@ def _output(path: str) -> Iterator[IO[bytes]]:
         raise
 
 
-def _default_output(path: str, command: str) -> str:
+def _default_output(path: str, command: str, force: bool = False) -> str:
+    """INPUT.cz, or INPUT without .cz. A name the user did not type never replaces a file that is
+    already there (as gzip and zstd refuse without ``-f``): ``-f`` or ``-o`` says so explicitly."""
     if path == "-":
         return "-"
     if command == "compress":
-        return path + ".cz"
-    if path.endswith(".cz"):
-        return path[:-3]
-    raise CascadeError(0, f"cannot derive an output name from {path!r} (no .cz suffix): give -o")
+        output = path + ".cz"
+    elif path.endswith(".cz"):
+        output = path[:-3]
+    else:
+        raise CascadeError(0, f"cannot derive an output name from {path!r} (no .cz suffix): give -o")
+    if not force and os.path.lexists(output):
+        raise CascadeError(0, f"{output} already exists: give -f to replace it, or -o to write elsewhere")
+    return output
 
 
 def _positive_seconds(text: str) -> float:
@@ -203,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("input", help="file, or - for stdin")
     dec.add_argument("-o", "--output", help="file, or - for stdout (default: INPUT without .cz; stdout for stdin)")
     for codec in (comp, dec):
+        codec.add_argument("-f", "--force", action="store_true",
+                           help="replace the default output file (INPUT.cz, or INPUT without .cz) if it exists")
         codec.add_argument("--concurrency", type=int,
                            help="spread the input over the replicas behind a balancer: cut it into pieces and "
                                 "send this many at once (one container out; default: one stream)")
@@ -239,7 +247,7 @@ def _show_progress(args: argparse.Namespace) -> bool:
 
 
 def _codec(client: CascadeClient, args: argparse.Namespace) -> CompressStats | None:
-    output = args.output or _default_output(args.input, args.command)
+    output = args.output or _default_output(args.input, args.command, args.force)
     with _input(args.input) as src, _output(output) as dst:
         bars = Bars(_size(src), "container" if args.command == "compress" else "text") \
             if _show_progress(args) else None

@@ -135,3 +135,20 @@ def test_sigterm_mid_request_leaves_no_partial_output_file(tmp_path: Path) -> No
         _, err = cli.communicate(timeout=20)
     assert cli.returncode == 143, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.py"]
+
+
+@pytest.mark.parametrize(("command", "given", "derived"), [("compress", "notes.txt", "notes.txt.cz"),
+                                                           ("decompress", "notes.txt.cz", "notes.txt")])
+def test_a_derived_output_name_never_replaces_an_existing_file_without_force(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, given: str, derived: str) -> None:
+    from cascade_client.cli import _default_output, main
+
+    (tmp_path / given).write_bytes(b"input")
+    (tmp_path / derived).write_bytes(b"keep me")
+    # Refused before any request: nothing listens on port 9.
+    code = main(["--server", "http://127.0.0.1:9", "--retries", "0", command, str(tmp_path / given)])
+    err = capsys.readouterr().err
+    assert code == 1 and "already exists" in err and "-f" in err, err
+    assert (tmp_path / derived).read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([given, derived])
+    assert _default_output(str(tmp_path / given), command, force=True) == str(tmp_path / derived)
