@@ -139,6 +139,7 @@ class Settings(BaseSettings):
     max_prompts: int = Field(64, ge=1, description="Most prompts in one /v1/completions request.")
     max_concurrent_requests: int = Field(256, ge=1, description="In-flight requests before 429.")
     max_stop_sequences: int = Field(8, ge=0, description="Largest number of stop strings.")
+    max_stop_token_ids: int = Field(64, ge=0, description="Largest number of stop_token_ids.")
     max_top_logprobs: int = Field(20, ge=0, description="Largest top_logprobs / logprobs.")
     max_export_top_k: int = Field(1024, ge=1, le=65536, description="Largest compression_top_k of a top-k export.")
     max_export_values: int = Field(
@@ -207,6 +208,7 @@ LIMITS = [
     ("max_n", "`n` choices per request", "400, param `n`"),
     ("max_prompts", "prompts in one /v1/completions request", "400, param `prompt`"),
     ("max_stop_sequences", "stop strings", "400, param `stop`"),
+    ("max_stop_token_ids", "stop_token_ids (vLLM's extension)", "400, param `stop_token_ids`"),
     ("max_top_logprobs", "logprobs / top_logprobs", "400, param `logprobs` / `top_logprobs` (chat)"),
     ("max_prediction_tokens", "prediction length in tokens (text checked before tokenising)",
      "400, param `prediction`"),

@@ -195,7 +195,8 @@ def test_sampled_generation_replays_exactly_from_its_code(service: Service) -> N
 
 def test_a_replay_shows_the_text_and_finish_reason_the_engine_gave(service: Service) -> None:
     """Decode mode renders the regenerated tokens as the sampling did: special tokens skipped, the
-    stopping end-of-sequence token left out, a stop sequence cut off, ``finish_reason`` kept."""
+    stopping end-of-sequence token or stop token id left out, a stop sequence cut off, ``finish_reason``
+    kept."""
     eos = json.loads((REPO / "models" / "pycoder-23m" / "generation_config.json").read_text())["eos_token_id"]
     prompt = "import os\n"
     cases: dict[str, dict[str, object]] = {
@@ -207,6 +208,8 @@ def test_a_replay_shows_the_text_and_finish_reason_the_engine_gave(service: Serv
     codec: dict[str, object] = {"precision_bits": 24, "top_k": 16}
     finishes = set()
     with service.client() as client:
+        x = client.post("/v1/tokenize", json={"model": MODEL, "prompt": "x"}).json()["tokens"]
+        cases["stop token id"] = {"max_tokens": 6, "temperature": 0, "allowed_token_ids": x, "stop_token_ids": x}
         for name, params in cases.items():
             body = {"model": MODEL, "prompt": prompt, **params, "codec": {**codec, "mode": "encode"}}
             made = client.post("/v1/completions", json=body)

@@ -8,6 +8,7 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
+from openai import OpenAI
 
 from tests.integration.conftest import MODEL, Service
 
@@ -19,6 +20,8 @@ REFUSED_BY_VLLM = [
     pytest.param({"bad_words": [""]}, "bad_words", id="empty-bad-word"),
     pytest.param({"seed": 2**64}, "seed", id="seed-over-64-bits"),
     pytest.param({"seed": -(2**63) - 1}, "seed", id="seed-under-64-bits"),
+    pytest.param({"stop_token_ids": [10**9]}, "stop_token_ids", id="stop-token-id-outside-the-vocabulary"),
+    pytest.param({"stop_token_ids": list(range(65))}, "stop_token_ids", id="more-stop-token-ids-than-the-limit"),
 ]
 
 
@@ -75,3 +78,25 @@ def test_connection_stays_open_after_a_vllm_validation_error(service: Service) -
         assert conn.sock is sock, "the server closed the keep-alive connection after the 400"
     finally:
         conn.close()
+
+
+def test_stop_token_ids_end_generation_at_that_token_through_the_sdk(service: Service, openai_client: OpenAI) -> None:
+    """vLLM's ``stop_token_ids`` (``extra_body`` in the SDK): the text ends before the first such
+    token, ``finish_reason`` is ``stop`` and usage counts the stopping token, as vLLM's server does."""
+    with service.client() as client:
+        x, y = (client.post("/v1/tokenize", json={"model": MODEL, "prompt": c}).json()["tokens"] for c in "xy")
+    assert len(x) == len(y) == 1
+    ids = {"x": x[0], "y": y[0]}
+    sdk = openai_client
+    base = {"model": MODEL, "max_tokens": 12, "temperature": 0}
+    extra = {"allowed_token_ids": list(ids.values()), "ignore_eos": True}
+    free = sdk.completions.create(prompt="def f():", **base, extra_body=extra).choices[0].text
+    assert len(free) == 12 and set(free) <= {"x", "y"}, free
+    last = free[-1]
+    cut = free.index(last)  # the text ends before the first token that is a stop token
+    out = sdk.completions.create(prompt="def f():", **base, extra_body={**extra, "stop_token_ids": [ids[last]]})
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (free[:cut], "stop")
+    assert out.usage is not None and out.usage.completion_tokens == cut + 1
+    chat = sdk.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **base,
+                                       extra_body={**extra, "stop_token_ids": list(ids.values())})
+    assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("", "stop")

@@ -51,6 +51,14 @@ def test_under_ignore_eos_the_end_token_does_not_stop_and_shows_nothing(tokenize
         == ("x y", "length")
 
 
+def test_a_stop_token_id_ends_the_text_without_itself_even_under_ignore_eos(tokenizer: object) -> None:
+    x, newline = ids_of(tokenizer, "x"), ids_of(tokenizer, "\n")[-1]
+    for ignore_eos in (False, True):
+        got = sampled_text([], [*x, newline, *x], [], ignore_eos, 0, {EOS}, tokenizer, stop_token_ids={newline})
+        assert got == ("x", "stop")
+    assert sampled_text([], [*x, newline], [], False, 0, {EOS}, tokenizer) == ("x\n", "length")
+
+
 def test_a_stop_sequence_the_last_token_completes_is_cut_off(tokenizer: object) -> None:
     ids = ids_of(tokenizer, "import sys\nimport")
     cut = next(i for i in range(1, len(ids) + 1) if "\n" in tokenizer.decode(ids[:i]))  # type: ignore[attr-defined]

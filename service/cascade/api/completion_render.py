@@ -188,12 +188,14 @@ def stream_flags(request: SamplingFields) -> tuple[bool, bool]:
 
 
 def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str], ignore_eos: bool,
-                 min_tokens: int, eos_ids: Collection[int], tokenizer: Any) -> tuple[str, str]:
+                 min_tokens: int, eos_ids: Collection[int], tokenizer: Any,
+                 stop_token_ids: Collection[int] = ()) -> tuple[str, str]:
     """The text and finish reason the engine gave when it sampled ``ids`` after ``prompt`` — what a
     replay (the codec's decode mode) must show. It repeats vLLM's output processor token by token:
     incremental detokenization after the prompt with special tokens skipped (an incomplete UTF-8
     character at the end is not shown); an end-of-sequence token ends it, left out (``"stop"``;
-    none under ``ignore_eos``); after ``min_tokens``, each token's new characters (with the
+    none under ``ignore_eos``), and so does one of ``stop_token_ids`` (also under ``ignore_eos``:
+    vLLM's ``check_stop``); after ``min_tokens``, each token's new characters (with the
     ``len(stop) − 1`` before them) are searched for the stop sequences, the one ending earliest
     winning (ties: the request's order), and the text is cut where it starts (``"stop"``); else
     ``"length"``. For a sampled generation only its last token can end it; tokens that are not one
@@ -201,7 +203,7 @@ def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str]
     step = _text_steps(tokenizer, prompt)
     text = ""
     for n, token in enumerate(ids, start=1):
-        if not ignore_eos and token in eos_ids:
+        if (not ignore_eos and token in eos_ids) or token in stop_token_ids:
             return text, "stop"
         before = len(text)
         text += step(token)

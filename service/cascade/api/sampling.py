@@ -26,6 +26,14 @@ def _stops(request: SamplingFields, settings: Settings) -> tuple[str, ...]:
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 
 
+def _stop_token_ids(request: SamplingFields, settings: Settings, vocab_size: int) -> tuple[int, ...]:
+    ids = request.stop_token_ids or []
+    if len(ids) > settings.max_stop_token_ids:
+        raise APIError(400, f"At most {settings.max_stop_token_ids} stop_token_ids are allowed",
+                       param="stop_token_ids")
+    return check_token_ids(ids, vocab_size, "stop_token_ids")
+
+
 def _seed(request: SamplingFields) -> int | None:
     """The engine seeds a ``torch.Generator``, which takes 64 bits; outside that the engine
     request fails after admission (seen as a false "engine failed" 503), so refuse it here."""
@@ -109,7 +117,8 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         field = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
         raise APIError(400, f"{field} may be at most {settings.max_top_logprobs}", param=field)
     return GenerationRequest(
-        max_tokens=max_tokens, n=request.n, stream=stream, stop=_stops(request, settings), seed=_seed(request),
+        max_tokens=max_tokens, n=request.n, stream=stream, stop=_stops(request, settings),
+        stop_token_ids=_stop_token_ids(request, settings, vocab_size), seed=_seed(request),
         logprobs=logprobs, logit_bias=_logit_bias(request, vocab_size), ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens, allowed_token_ids=_allowed_tokens(request, vocab_size),
         bad_words=None if request.bad_words is None else tuple(request.bad_words),

@@ -60,6 +60,7 @@ def sampling_params(request: GenerationRequest, vocab_size: int) -> SamplingPara
         "n": request.n,
         "max_tokens": 1 if exporting else request.max_tokens,
         "stop": list(request.stop),
+        "stop_token_ids": list(request.stop_token_ids),
         "seed": request.seed,
         "logprobs": request.logprobs,
         "logit_bias": request.logit_bias,

@@ -42,6 +42,7 @@ class GenerationRequest:
     n: int = 1
     stream: bool = False
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None

@@ -64,7 +64,7 @@ CHECKS: tuple[Check, ...] = (
     Check("SamplingParams", "fields", ("extra_args", "prompt_logprobs", "flat_logprobs", "skip_reading_prefix_cache",
                                        "detokenize", "output_kind", "structured_outputs", "logprobs", "top_k",
                                        "top_p", "min_p", "temperature", "logit_bias", "allowed_token_ids",
-                                       "max_tokens")),
+                                       "max_tokens", "stop_token_ids")),
     Check("SamplingParams", "attrs", ("bad_words_token_ids",)),
     Check("RequestOutputKind", "attrs", ("DELTA", "FINAL_ONLY")),
     Check("StructuredOutputsParams", "fields", ("grammar",)),  # api/structured.py
