@@ -268,6 +268,16 @@ def test_an_empty_body_is_a_400_saying_it_is_empty(service: FakeService) -> None
     assert "body is empty" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/compress"])
+def test_a_body_that_is_not_json_is_invalid_json_on_every_route(service: FakeService, path: str) -> None:
+    with service.client() as client:
+        r = client.post(path, content=b'{"model": "x",', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "invalid_json" and error["param"] is None
+    assert error["message"].startswith("Request body is not valid JSON")
+
+
 def test_a_developer_message_reaches_a_template_without_that_role_as_the_system_instruction(
         service: FakeService) -> None:
     messages = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "hi"}]

@@ -94,10 +94,12 @@ def _union_member(part: object) -> bool:
     return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part[:1].isupper())
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
+    """Message, param and code: ``invalid_json`` for a body that is not JSON (as the codec routes say),
+    else ``invalid_value``."""
     errors = exc.errors()
     if not errors:
-        return "Invalid request", None
+        return "Invalid request", None, "invalid_value"
     def path(error: Any) -> list[str]:
         return [str(part) for part in error.get("loc", ()) if part != "body" and not _union_member(part)]
 
@@ -111,11 +113,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         loc.extend(str(part) for part in cause.path)
     param = ".".join(loc) or None
     if first.get("type") == "missing" and not loc:
-        return "The request body is empty (or null): send a JSON object", None
+        return "The request body is empty (or null): send a JSON object", None, "invalid_value"
     if first.get("type") == "json_invalid":
-        return "Request body is not valid JSON: " + str(first.get("msg", "")), None
+        return "Request body is not valid JSON: " + str(first.get("msg", "")), None, "invalid_json"
     msg = str(first.get("msg", "invalid value"))
-    return (f"Invalid value for '{param}': {msg}" if param else msg), param
+    return (f"Invalid value for '{param}': {msg}" if param else msg), param, "invalid_value"
 
 
 def is_engine_failure(exc: BaseException) -> bool:
@@ -152,13 +154,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param, code = _validation_message(exc)
         content_type = request.headers.get("content-type", "")
         if param is None and "json" not in content_type.lower():
             # e.g. curl -d, which sends a form: the body was never read as JSON
             message = (f"The request body must be JSON sent with content-type: application/json (got "
                        f"{content_type or 'no content-type'}): {message}")
-        return error_response(APIError(400, message, param=param, code="invalid_value"))
+        return error_response(APIError(400, message, param=param, code=code))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
