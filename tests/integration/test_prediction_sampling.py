@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import MODEL, Service
 
 PROMPT = "import os\n\ndef "
 SAMPLES = 160
@@ -95,6 +95,21 @@ def test_usage_counts_only_prediction_tokens_inside_an_answer_cut_by_a_stop_sequ
             details = usage.completion_tokens_details
             assert text.startswith(answer) and len(answer) < len(text), (stop, answer)
             assert 0 < details.accepted_prediction_tokens < usage.completion_tokens, (stop, stream, usage)
+
+
+def test_usage_counts_only_prediction_tokens_before_a_stop_token_id(service: Service, openai_client) -> None:
+    """A stop token id ends the answer inside the engine, in the middle of an accepted draft: usage
+    still counts only what the answer holds."""
+    text = _greedy_text(openai_client, max_tokens=64)
+    with service.client() as client:
+        ids = client.post("/v1/tokenize", json={"model": MODEL, "prompt": text}).json()["tokens"]
+    stop_id = next(t for j, t in enumerate(ids) if j >= 8 and t not in ids[:j])
+    out = _complete(openai_client, max_tokens=64, temperature=0,
+                    extra_body={"prediction": {"type": "content", "content": text}, "stop_token_ids": [stop_id]})
+    answer, usage = out.choices[0].text, out.usage
+    assert out.choices[0].finish_reason == "stop" and text.startswith(answer) and len(answer) < len(text), answer
+    assert usage is not None
+    assert 0 < usage.completion_tokens_details.accepted_prediction_tokens < usage.completion_tokens, usage
 
 
 def test_a_seeded_sample_with_a_prediction_repeats_whatever_was_answered_before(openai_client) -> None:
