@@ -101,12 +101,11 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._start_all()))
 
     async def stop(self) -> None:
-        """Cancel background work, close the codec runner and stop the engines."""
+        """Cancel background work, close the codec runners and stop the engines."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.codec.runner is not None:
-            await asyncio.to_thread(self.codec.runner.close)
+        await asyncio.to_thread(self.codec.close)
         await asyncio.to_thread(self.engines.shutdown)
         logger.info("engines stopped")
 
@@ -173,10 +172,15 @@ class Gateway:
         if moved:
             logger.warning(moved)
         logger.info("exact codec model loaded", extra={"kernels": model.kernel_summary(), "bytes": model.nbytes()})
-        runner = ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens,
-                             s.codec_threads or None, kv_budget_bytes=s.codec_kv_budget_mib << 20,
-                             max_draft=s.codec_max_draft, interleave_tokens=s.codec_interleave_tokens)
-        self.codec.attach(runner, NUMERICS_VERSION, self.engines.tokenizer, self.engines.fingerprint)
+        def runner(threads: int | None, machine_root: bool = False) -> ExactRunner:
+            return ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens, threads,
+                               kv_budget_bytes=s.codec_kv_budget_mib << 20, max_draft=s.codec_max_draft,
+                               interleave_tokens=s.codec_interleave_tokens, machine_root=machine_root)
+
+        # The second reader (rare: a segment an earlier release wrote here that fails its checksum) runs on
+        # one torch thread, so the main worker stays the only thread using torch's OpenMP pool.
+        self.codec.attach(runner(s.codec_threads or None), NUMERICS_VERSION, self.engines.tokenizer,
+                          self.engines.fingerprint, second_reader=lambda: runner(1, machine_root=True))
         if s.codec_selftest:
             self.codec_status.set(CodecState.SELF_TEST, "the codec's startup self-test is running")
             try:

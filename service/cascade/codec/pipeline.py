@@ -11,6 +11,7 @@ damaged segment never poisons the others.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -40,6 +41,8 @@ from cascade.codec.segmenter import Segment, Segmenter
 
 if TYPE_CHECKING:
     from cascade.codec.exact.runner import ExactRunner
+
+logger = logging.getLogger("cascade.codec")
 
 REFERENCE_CONTAINERS = {3: Path(__file__).with_name("exact") / "reference.cz",
                         4: Path(__file__).with_name("exact") / "reference_v4.cz"}
@@ -136,6 +139,8 @@ class CodecPipeline:
         self.limits = limits or Limits()
         self.write_version = write_version
         self.runner: ExactRunner | None = None
+        self._make_second_reader: Callable[[], ExactRunner] | None = None
+        self._second_reader: ExactRunner | None = None
         self.numerics = ""
         self.fingerprint = b""
         self._tokenizer: Any = None
@@ -162,9 +167,15 @@ class CodecPipeline:
         than bytes, and a forged token count is refused before any decoding work."""
         return all(self.decode_tokens([t]) for t in range(len(self.tokenizer)))
 
-    def attach(self, runner: ExactRunner, numerics: str, tokenizer: Any, fingerprint: bytes) -> None:
-        """Serve with ``runner`` for the model whose tokenizer and fingerprint are given."""
+    def attach(self, runner: ExactRunner, numerics: str, tokenizer: Any, fingerprint: bytes,
+               second_reader: Callable[[], ExactRunner] | None = None) -> None:
+        """Serve with ``runner`` for the model whose tokenizer and fingerprint are given.
+        ``second_reader`` makes, when first needed, a runner that computes with this machine's torch
+        square root (``ExactRunner(machine_root=True)``): a segment that fails its checksum is read
+        once more with it, because an earlier release on this machine may have written it that way
+        (``codec.exact.root``)."""
         self.runner = runner
+        self._make_second_reader = second_reader
         self.numerics = numerics
         self._tokenizer = tokenizer
         self.fingerprint = fingerprint
@@ -179,6 +190,23 @@ class CodecPipeline:
         if self.runner is None:
             raise CodecUnavailableError("the codec is starting")
         return self.runner
+
+    def _machine_root_reader(self) -> ExactRunner | None:
+        """The second reader, or None where it could not read differently (this machine's torch root
+        is the correctly rounded one) or none was given."""
+        from cascade.codec.exact import root
+
+        if self._make_second_reader is None or root.machine_is_correctly_rounded():
+            return None
+        if self._second_reader is None:
+            self._second_reader = self._make_second_reader()
+        return self._second_reader
+
+    def close(self) -> None:
+        """Stop the runners (the worker threads end; queued jobs fail)."""
+        for runner in (self.runner, self._second_reader):
+            if runner is not None:
+                runner.close()
 
     def context_tokens(self, context: bytes) -> list[int]:
         return self.encode_text(context.decode("utf-8")) if context else []
@@ -204,15 +232,17 @@ class CodecPipeline:
 
     async def decode_tokens_from(self, prompt: list[int], payload: bytes, tokens: int, lane_tokens: int,
                                  top_k: int, precision_bits: int, any_bytes: bool = False,
-                                 request: object | None = None, *, weighted_escapes: bool) -> list[int]:
+                                 request: object | None = None, *, weighted_escapes: bool,
+                                 runner: ExactRunner | None = None) -> list[int]:
         """``tokens`` tokens decoded from ``payload``; raises ``PayloadOverrunError`` when the payload ends
         before them, unless ``any_bytes`` (decode mode turning arbitrary bytes into text): then the
         payload is read as if followed by zeros — padded here with the most a decoder can read, 8
         bytes a token (4 per table symbol, 4 per fallback rank, as ``range >= 2**24`` after a symbol)."""
         if any_bytes:
             payload += bytes(8 * (tokens + 1))
-        lanes = await self._runner().decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
-                                            precision_bits, request=request, weighted_escapes=weighted_escapes)
+        lanes = await (runner or self._runner()).decode(prompt, lane_lengths(tokens, lane_tokens), payload, top_k,
+                                                        precision_bits, request=request,
+                                                        weighted_escapes=weighted_escapes)
         return [t for lane in lanes for t in lane]
 
     async def compress(self, chunks: AsyncIterator[bytes], options: CompressOptions, stats: CompressStats,
@@ -335,27 +365,44 @@ class CodecPipeline:
 
     def _decode_job(self, header: Header, record: SegmentRecord, prompt: list[int], request: object | None = None
                     ) -> Callable[[], Awaitable[tuple[int, bytes]]]:
-        async def run() -> tuple[int, bytes]:
-            if record.kind == KIND_RAW:
-                data = record.payload
-            else:
-                if record.tokens > header.lane_tokens * MAX_LANES:
-                    raise ContainerError(f"corrupted container: segment {record.index} declares "
-                                         f"{record.tokens} tokens, more than {MAX_LANES} lanes")
-                if self.tokens_are_nonempty() and record.tokens > record.original_length:
-                    raise ContainerError(f"corrupted container: segment {record.index} declares {record.tokens} "
-                                         f"tokens for {record.original_length} bytes")
-                try:
-                    tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
-                                                           header.top_k, header.precision_bits, request=request,
-                                                           weighted_escapes=header.weighted_escapes)
-                except PayloadOverrunError as exc:
-                    raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
-                data = self.decode_tokens(tokens).encode("utf-8")
+        async def read(runner: ExactRunner | None = None) -> bytes:
+            try:
+                tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
+                                                       header.top_k, header.precision_bits, request=request,
+                                                       weighted_escapes=header.weighted_escapes, runner=runner)
+            except PayloadOverrunError as exc:
+                raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
+            data = self.decode_tokens(tokens).encode("utf-8")
             if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
                 raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the container is "
                                      "damaged; no output was produced for it")
-            return record.index, data
+            return data
+
+        async def run() -> tuple[int, bytes]:
+            if record.kind == KIND_RAW:
+                data = record.payload
+                if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
+                    raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the "
+                                         "container is damaged; no output was produced for it")
+                return record.index, data
+            if record.tokens > header.lane_tokens * MAX_LANES:
+                raise ContainerError(f"corrupted container: segment {record.index} declares "
+                                     f"{record.tokens} tokens, more than {MAX_LANES} lanes")
+            if self.tokens_are_nonempty() and record.tokens > record.original_length:
+                raise ContainerError(f"corrupted container: segment {record.index} declares {record.tokens} "
+                                     f"tokens for {record.original_length} bytes")
+            try:
+                return record.index, await read()
+            except IntegrityError as first:
+                second = self._machine_root_reader()
+                if second is None:
+                    raise
+                logger.info("segment failed its checksum; reading it again with this machine's torch square "
+                            "root (an earlier release may have written it so)", extra={"segment": record.index})
+                try:
+                    return record.index, await read(second)
+                except IntegrityError:
+                    raise first from None
 
         return run
 

@@ -7,11 +7,12 @@ final hidden states (float64), the int64 logits and the frequency tables. The di
 ``exact-llama-1`` (commit ddd10e1: ``PYTHONPATH=<that checkout>/service:. python -m
 tests.unit.codec.numerics_matrix``). Any later implementation must reproduce the integer digests
 (logits, ids, CDFs) bit for bit, or containers that release wrote stop decoding. The float64 hidden
-states depend on RMSNorm's square root, which differs between machines (``codec.exact.root``), so
-``record`` runs under the neutral, correctly rounded root: the hidden digests (re-recorded that way
-on 2026-11-25, the integers unchanged) then pin every other operation on any host, and
-``record(model, neutral=False)`` checks the integers under this machine's own root. Regenerate the
-integers only together with a new numerics version.
+states depend on RMSNorm's square root, which that release took from torch (MKL's, another variant
+on some machines: ``codec.exact.root``); the model now computes with the correctly rounded root, the
+same everywhere, so the hidden digests (re-recorded that way on 2026-11-25, the integers unchanged)
+pin every operation on any host, and ``record(model, machine_root=True)`` checks the integers under
+this machine's torch root, the one earlier releases computed with here. Regenerate the integers only
+together with a new numerics version.
 """
 
 from __future__ import annotations
@@ -131,12 +132,12 @@ def workload(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
     return prefill, decode
 
 
-def record(model: ExactLlama, neutral: bool = True) -> dict[str, str]:
-    """Digests of hidden states, logits and frequency tables over ``workload`` (with the neutral root
-    unless ``neutral`` is False)."""
-    if neutral:
-        with root.neutral():
-            return record(model, neutral=False)
+def record(model: ExactLlama, machine_root: bool = False) -> dict[str, str]:
+    """Digests of hidden states, logits and frequency tables over ``workload`` (with this machine's
+    torch root when ``machine_root``)."""
+    if machine_root:
+        with root.machine():
+            return record(model)
     c = model.config
     prefill, decode = workload(c.vocab_size)
     out: dict[str, str] = {}

@@ -61,8 +61,9 @@ def test_a_drift_inside_a_layer_names_that_layer(tmp_path: Path) -> None:
 
 
 def test_a_machine_with_another_square_root_variant_passes_with_a_note(tmp_path: Path) -> None:
-    """MKL's root differs between CPUs (``codec.exact.root``): the trace uses the neutral root, so
-    such a machine reproduces every digest, and is told that its root is another variant."""
+    """MKL's root differs between CPUs (``codec.exact.root``): the model computes with the correctly
+    rounded root, so such a machine reproduces every digest, and is told that its root is another
+    variant."""
     model = random_model("llama-mha")
     path = tmp_path / "ref.json"
     path.write_text(json.dumps(reference(model) | {"root_variant": "another-machine"}))
@@ -72,15 +73,14 @@ def test_a_machine_with_another_square_root_variant_passes_with_a_note(tmp_path:
     assert check_known_answer(model, path) is None
 
 
-def test_the_traced_root_is_the_correctly_rounded_one_whatever_the_machine() -> None:
+def test_the_models_root_is_the_correctly_rounded_one_whatever_the_machine() -> None:
     from cascade.codec.exact import root
 
     squares = torch.rand(4096, dtype=torch.float64) * 1e6
-    with root.neutral():
-        neutral = root.root(squares)
     context = decimal.Context(prec=60)
-    assert neutral.tolist() == [float(decimal.Decimal(v).sqrt(context)) for v in squares.tolist()]
-    assert torch.equal(root.root(squares), root.machine_root(squares))
+    assert root.root(squares).tolist() == [float(decimal.Decimal(v).sqrt(context)) for v in squares.tolist()]
+    with root.machine():
+        assert torch.equal(root.root(squares), root.machine_root(squares))
 
 
 def test_a_reference_of_another_numerics_version_is_refused(tmp_path: Path) -> None:

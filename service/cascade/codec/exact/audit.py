@@ -177,11 +177,10 @@ ALLOWED: dict[str, Allowed] = {
     "aten.div.Tensor": Allowed(frozenset({F64}), "one IEEE binary64 division by a same-device TENSOR (a Python "
                                "number divisor is refused: CUDA multiplies by its reciprocal instead)"),
     "aten.floor_divide.default": Allowed(_INT, "int64 floor division of the CDF (exact integer arithmetic)"),
-    "aten.sqrt.default": Allowed(frozenset({F64}), ("torch's CPU square root (MKL's vector sqrt): within an ulp, "
-                                 "not always the correctly rounded root, and another variant on some CPUs "
-                                 "(codec.exact.root); exact-llama-1 is defined by it, so other devices take the "
-                                 "per-row roots on the host (root.machine_root); the drift known answer traces with "
-                                 "the correctly rounded root and reports the machine's root variant")),
+    "aten.sqrt.default": Allowed(frozenset({F64}), ("a GPU's float64 square root, correctly rounded as IEEE "
+                                 "defines it (on the CPU the model takes numpy's, codec.exact.root: torch's CPU "
+                                 "sqrt is MKL's vector root, another variant on some CPUs, used only to read an "
+                                 "earlier release's segment again, root.machine)")),
     "aten.abs.default": Allowed(frozenset({F64}), "exact"),
     "aten.amax.default": Allowed(frozenset({F64, I64}), "a maximum: exact, order independent"),
     "aten.max.default": Allowed(_INT, "a maximum: exact"),
@@ -240,9 +239,10 @@ _KERNEL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None
     "fused.silu_quantize": _exact_sums, "fused.integer_logits": _exact_sums}
 
 KERNELS: dict[str, Allowed] = {
-    "root.machine_root": Allowed(frozenset({F64}), "off the CPU, RMSNorm's per-row roots taken by the host's "
-                                "torch.sqrt (exact-llama-1's root, the machine's variant): one float64 per "
-                                "row copied to the CPU and back, exactly; its ops are checked, not their device"),
+    "root.machine_root": Allowed(frozenset({F64}), "off the CPU, inside root.machine() only (a second reading of "
+                                "an earlier release's segment), RMSNorm's per-row roots taken by the host's "
+                                "torch.sqrt (the machine's variant): one float64 per row copied to the CPU and "
+                                "back, exactly; its ops are checked, not their device"),
     "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
                                            "per row (numba): int64 arithmetic within its bounds, nothing rounds"),
     "frequencies.compiled_escape_tables": Allowed(frozenset({I64}), "the escape tables of frequencies.py (container "
@@ -254,7 +254,7 @@ KERNELS: dict[str, Allowed] = {
        for name, dtypes, why in (
            ("mean_squares", frozenset({F64}), "RMSNorm's int16 grid and the exact sum of its squares, ÷ n, "
                                               "× step², + eps"),
-           ("norm_quantize", frozenset({F64}), "x ÷ root × gain (root from torch.sqrt), then the ±127 grid"),
+           ("norm_quantize", frozenset({F64}), "x ÷ root × gain (the root from root.root), then the ±127 grid"),
            ("quantize", frozenset({F64}), "the ±127 grid: largest magnitude ÷ 127, x ÷ step, rint"),
            ("residual", frozenset({F64, I32}), "x + acc·(step·scale) (+ bias), then the next RMSNorm's mean square"),
            ("silu_quantize", frozenset({F64, I32}), "gate·sigmoid-table(rint(gate·2**10))·up, then the ±127 grid"),

@@ -19,7 +19,7 @@ def resolve_codec_device(setting: str, engine_device: str | None = None) -> torc
     """``auto``: the engines' device (``engine_device``, e.g. vLLM's platform device type), else CUDA
     when this process sees a GPU, else the CPU; ``cpu``/``cuda``: that device, refused with the
     reason when it is not there. Every operation is the same on each device (``exact.audit``; RMSNorm's
-    square root is taken on the host off the CPU, ``root.machine_root``); a device that still computes
+    square root is the correctly rounded one everywhere, ``root``); a device that still computes
     other integers fails the start-up known answer (``load_where_integers_agree``)."""
     if setting == "auto":
         found = "cuda" if torch.cuda.is_available() else "cpu"

@@ -34,8 +34,9 @@ def report(name: str, *tensors: torch.Tensor) -> None:
 @contextlib.contextmanager
 def host_step(name: str, *tensors: torch.Tensor) -> Iterator[None]:
     """A reviewed step of the decision path that runs on the host by design (``root.machine_root``'s
-    square roots off the CPU): reported as kernel ``name``; inside it (``on_host``) the audit does not
-    hold tensors to the decision path's device."""
+    square roots off the CPU, in a second reading of an earlier release's segment): reported as
+    kernel ``name``; inside it (``on_host``) the audit does not hold tensors to the decision path's
+    device."""
     report(name, *tensors)
     _host.depth = getattr(_host, "depth", 0) + 1
     try:

@@ -277,9 +277,8 @@ _NO_BIAS = np.empty(0, dtype=np.float64)
 def _roots(x: Any, eps: float, squares: Any | None = None) -> Any:
     """RMSNorm's per-row roots of ``mean_square + eps`` (``squares``, when ``residual`` computed them).
 
-    The square root is not a kernel's: ``exact-llama-1`` was defined with torch's CPU ``sqrt``, MKL's
-    vector square root, which is not always the correctly rounded one (``root.root``;
-    docs/architecture.md, "The square root")."""
+    The square root is not a kernel's: ``root.root`` decides which root the model computes with
+    (docs/architecture.md, "The square root")."""
     if squares is None:
         squares = np.empty(x.shape[0])
         _report("fused.mean_squares", x)

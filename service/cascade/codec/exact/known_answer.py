@@ -8,13 +8,10 @@ sequence through packed prefill and a few decode steps and compares sha256 diges
 float64 output, of the final hidden states and of the logits *before* ``rint`` with a reference
 recorded on the reference machine; the first intermediate that differs is named in the error.
 
-The trace runs with the correctly rounded square root (``root.neutral``): RMSNorm's root is the one
-operation of ``exact-llama-1`` that differs between machines (MKL's vector root takes other code
-paths on other CPUs, ``root``), so a reference traced with it would refuse every machine of another
-root variant, although their containers open on each other's (an integer differs only at a rare
-position, and the segment checksum catches it). Traced with the neutral root, the digests pin every
-other operation bit for bit on any host; this machine's root variant is compared beside them and
-only reported (``check_known_answer`` returns the note, and logs it).
+The model computes RMSNorm's square root correctly rounded (``root``), so the digests pin every
+operation bit for bit on any host. The root torch's CPU ``sqrt`` gives on this machine (MKL's vector
+root, which earlier releases computed with and which differs between CPUs) is reported beside them:
+``check_known_answer`` returns, and logs, a note when its variant is not the reference machine's.
 
 References ship in ``known_answers/`` (package data), one JSON file per model fingerprint. For a
 model folder without one: ``python -m cascade.record_known_answer MODEL_DIR`` writes it.
@@ -60,12 +57,7 @@ def _digest(tensor: torch.Tensor) -> str:
 def intermediates(model: ExactLlama) -> dict[str, str]:
     """Digests, in computation order, of every layer's output, the final hidden states and the
     logits before rounding: packed prefill of two sequences (41 and 17 tokens) into a KV cache,
-    then ``_STEPS`` decode steps of both rows; with the neutral (correctly rounded) root."""
-    with root.neutral():
-        return _traced_intermediates(model)
-
-
-def _traced_intermediates(model: ExactLlama) -> dict[str, str]:
+    then ``_STEPS`` decode steps of both rows."""
     vocab = model.config.vocab_size
     sequences = [_tokens(vocab, 41 + _STEPS, 1), _tokens(vocab, 17 + _STEPS, 2)]
     out: dict[str, str] = {}
@@ -121,10 +113,10 @@ def check_known_answer(model: ExactLlama, reference_path: str | Path) -> str | N
     here = root.variant()
     if here == expected.get("root_variant"):
         return None
-    note = (f"this machine's exact-llama-1 square root is variant {here}, the reference machine's "
-            f"{expected.get('root_variant')}: every other operation matches bit for bit; containers exchanged "
-            "with machines of another root variant open, but a rare position may differ, and its segment "
-            "then fails its checksum with a clear error (docs/architecture.md, 'The square root')")
+    note = (f"this machine's torch square root is variant {here}, the reference machine's "
+            f"{expected.get('root_variant')}: the codec computes with the correctly rounded root, the same "
+            "everywhere; a segment that an earlier release wrote on another machine may, at a rare position, "
+            "fail its checksum with a clear error (docs/architecture.md, 'The square root')")
     logger.warning(note)
     return note
 

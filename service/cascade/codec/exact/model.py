@@ -18,9 +18,8 @@ Why it is exact (the argument the codec's portability rests on):
   * RMSNorm's sum of squares: of the row re-scaled to int16 integers.
 - **Every other operation is elementwise**: a single IEEE-754 binary64 ``+ − × ÷`` (correctly
   rounded by the standard on every conforming CPU and GPU, never fused into an FMA), RMSNorm's
-  square root (torch's CPU ``sqrt``, which ``exact-llama-1`` is defined by: MKL's, within an ulp of
-  the correctly rounded root; on other devices the per-row roots are taken on the host —
-  ``root.machine_root``, docs/architecture.md, "The square root"), ``round``/``floor``,
+  square root (the correctly rounded one, not MKL's vector root, which differs between CPUs —
+  ``root``, docs/architecture.md, "The square root"), ``round``/``floor``,
   ``max``/``abs``, or an integer-indexed table lookup.
 - **No transcendental function runs**: exp (softmax), sigmoid (SiLU) and RoPE's cos/sin come from
   ``tables``, built with ``decimal``/integer arithmetic.

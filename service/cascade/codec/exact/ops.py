@@ -120,8 +120,8 @@ class QuantLinear:
 
 
 def exact_root(squares: torch.Tensor) -> torch.Tensor:
-    """RMSNorm's per-row roots (``root.root``: ``exact-llama-1``'s machine root, or the correctly
-    rounded one while the drift known answer traces; docs/architecture.md, "The square root")."""
+    """RMSNorm's per-row roots (``root.root``: the correctly rounded root, or this machine's inside
+    ``root.machine()``; docs/architecture.md, "The square root")."""
     return root.root(squares)
 
 

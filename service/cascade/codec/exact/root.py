@@ -1,29 +1,33 @@
-"""RMSNorm's square root: the one operation of ``exact-llama-1`` whose result depends on the machine.
+"""RMSNorm's square root: the one operation of ``exact-llama-1`` that a machine could compute its own way.
 
-``exact-llama-1`` takes RMSNorm's per-row root with torch's CPU ``sqrt``, which is MKL's vector
-square root: within an ulp, not always the correctly rounded root, and — measured 2026-11-25 — not
-the same on every x86 machine. On one AVX-512 host (Xeon with AVX512-IFMA/VNNI) MKL's AVX-512 path
-and its AVX2 path (``MKL_CBWR=AVX2``) disagree on 0.7 % of float64 inputs, and neither reproduces
-the roots of the machine the shipped known answers were recorded on. Every other operation is a
-basic IEEE one: with the root replaced by the correctly rounded one, the hidden states are bit for
-bit the same under both MKL paths.
+Every other operation of the exact model is a basic IEEE one, the same on every machine. The square
+root is too — IEEE 754 defines it correctly rounded — but torch's CPU ``sqrt`` on float64 is MKL's
+vector square root: within an ulp, not always the correctly rounded root, and not the same on every
+x86 machine (measured 2026-11-25/26: an Intel Xeon's AVX-512 and AVX2 paths disagree with each other
+and with the correctly rounded root on 0.7–1.4 % of inputs; an AMD EPYC with AVX-512 on 1.3 %, as
+another variant again). Releases up to 2026-11-26 computed with that machine root, so a container
+written on one machine could, at a rare position, decode differently on another (its segment then
+failed its checksum: a clear error, never wrong bytes).
 
-So a root variant changes pre-rounding values everywhere (the float64 hidden states), but an integer
-only when a value lies within an ulp of a rounding boundary (about 2**-44 per activation, ~2**-29 per
-token of a 30-layer model): containers still open across machines, and where one rare position
-differs, the segment's checksum fails and the reader says so (never wrong bytes).
+So the model computes with the correctly rounded root (``correctly_rounded_root``: numpy's IEEE
+``sqrt`` on the host, CUDA's own ``sqrt`` on a GPU, which is correctly rounded for float64): the
+same roots, and so the same integers, on every machine and device. The numerics keep their name:
+a root variant changes an integer only where a value lies within an ulp of a rounding boundary
+(about 2**-44 per activation, ~2**-29 per token of a 30-layer model), so a container written with
+either root opens with the other except at such a rare position. For containers an earlier release
+wrote on this very machine, the reader decodes a segment that fails its checksum once more with this
+machine's root (``machine()``, ``codec.pipeline``): what an earlier release wrote here keeps
+decoding here byte for byte.
 
-This module keeps both roots behind one function:
-- ``root(squares)``: the root the model computes with — ``exact-llama-1``'s (torch's ``sqrt`` on the
-  host) unless ``neutral()`` is active in this context.
-- ``neutral()``: the correctly rounded root (numpy's IEEE ``sqrt``), the same on every machine. The
-  drift known answer traces the model under it, so it pins every *other* operation bit for bit on
-  any host, and reports this machine's root variant (``variant()``) beside it instead of refusing a
-  machine only because its MKL takes another code path.
+- ``root(squares)``: the correctly rounded root, or ``machine_root`` inside ``machine()``.
+- ``variant()``: a digest of this machine's root on a fixed sample, reported beside the known answer;
+  ``machine_is_correctly_rounded()``: whether it equals the correctly rounded root there (then the
+  second reading is skipped: it could not differ).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterator
@@ -35,12 +39,12 @@ import torch
 
 from cascade.codec.exact import dispatch
 
-_NEUTRAL: ContextVar[bool] = ContextVar("cascade_neutral_root", default=False)
+_MACHINE: ContextVar[bool] = ContextVar("cascade_machine_root", default=False)
 
 
 def machine_root(squares: torch.Tensor) -> torch.Tensor:
-    """``exact-llama-1``'s root: torch's CPU ``sqrt``; off the CPU taken on the host (one float64 per
-    row copied each way), so any device computes this machine's roots."""
+    """Earlier releases' root: torch's CPU ``sqrt`` (MKL's, this machine's variant); off the CPU taken
+    on the host (one float64 per row copied each way)."""
     if squares.device.type == "cpu":
         return torch.sqrt(squares)
     with dispatch.host_step("root.machine_root", squares):
@@ -48,23 +52,26 @@ def machine_root(squares: torch.Tensor) -> torch.Tensor:
 
 
 def correctly_rounded_root(squares: torch.Tensor) -> torch.Tensor:
-    """IEEE's correctly rounded square root (numpy's, on the host): one answer on every machine."""
-    host = squares.detach().to("cpu", torch.float64).contiguous()
-    return torch.from_numpy(np.sqrt(host.numpy())).to(squares.device)
+    """IEEE's correctly rounded square root: numpy's on the CPU (the hardware instruction, not MKL's
+    vector routine), CUDA's own on a GPU (correctly rounded for float64). One answer on every machine."""
+    if squares.device.type != "cpu":
+        return torch.sqrt(squares)
+    return torch.from_numpy(np.sqrt(squares.detach().to(torch.float64).contiguous().numpy()))
 
 
 def root(squares: torch.Tensor) -> torch.Tensor:
-    return correctly_rounded_root(squares) if _NEUTRAL.get() else machine_root(squares)
+    return machine_root(squares) if _MACHINE.get() else correctly_rounded_root(squares)
 
 
 @contextmanager
-def neutral() -> Iterator[None]:
-    """Compute with the correctly rounded root in this context (the drift known answer's trace)."""
-    token = _NEUTRAL.set(True)
+def machine() -> Iterator[None]:
+    """Compute with this machine's root in this context (a second reading of an earlier release's
+    segment that failed its checksum)."""
+    token = _MACHINE.set(True)
     try:
         yield
     finally:
-        _NEUTRAL.reset(token)
+        _MACHINE.reset(token)
 
 
 def _sample() -> torch.Tensor:
@@ -75,6 +82,13 @@ def _sample() -> torch.Tensor:
 
 
 def variant() -> str:
-    """Digest of this machine's ``exact-llama-1`` roots on a fixed sample: machines that print the same
-    compute the same roots (and so the same pre-rounding values everywhere)."""
+    """Digest of this machine's root on a fixed sample: machines that print the same computed the
+    same roots in earlier releases."""
     return hashlib.sha256(machine_root(_sample()).numpy().tobytes()).hexdigest()[:16]
+
+
+@functools.cache
+def machine_is_correctly_rounded() -> bool:
+    """Whether this machine's root equals the correctly rounded one on the fixed sample."""
+    sample = _sample()
+    return torch.equal(machine_root(sample), correctly_rounded_root(sample))

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import logging
 import math
@@ -72,6 +73,7 @@ import numpy.typing as npt
 import torch
 
 from cascade.codec.container import ContainerError
+from cascade.codec.exact import root
 from cascade.codec.exact.cache import bytes_per_row_position
 from cascade.codec.exact.cohort import Cohort
 from cascade.codec.exact.drafts import DraftSourceFactory, SegmentDrafts, ngram_source
@@ -260,14 +262,17 @@ class ExactRunner:
     ``max_draft``: the longest draft a lane verifies per step (0: no speculation, one token per step);
     ``draft_source``: makes each decode segment's drafter (tests pass adversarial ones);
     ``pass_positions``: drafts fill a decode pass up to this many positions (rows + draft tokens);
+    ``machine_root``: the worker computes with this machine's torch square root (``root.machine``), as
+    earlier releases did — the pipeline's second reading of a segment that failed its checksum;
     ``interleave_tokens``: compression prefill tokens per decoded row of a step while rows decode
     (``_may_prefill``)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
                  draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 16,
-                 pass_positions: int = 32) -> None:
+                 pass_positions: int = 32, machine_root: bool = False) -> None:
         self.model = model
+        self.machine_root = machine_root
         self.max_draft = max(0, max_draft)
         self.pass_positions = pass_positions
         self.interleave_tokens = max(1, interleave_tokens)
@@ -503,6 +508,11 @@ class ExactRunner:
     # -- worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self.threads)
+        with root.machine() if self.machine_root else contextlib.nullcontext():
+            self._loop()
+        self._shutdown()
+
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 while not self._closed and not self._has_work():
@@ -523,7 +533,6 @@ class ExactRunner:
                 self._cohort = Cohort(self.model)
             with self._wake:
                 self.stats.steps += 1
-        self._shutdown()
 
     def _shutdown(self) -> None:
         closed = RunnerClosedError("the codec runner is shut down")
