@@ -33,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(openai_routes.vllm_paths)
     app.include_router(kcbs_routes.router)
     app.include_router(codec_routes.router)
     app.add_middleware(GatewayMiddleware, settings=gateway.settings, metrics=gateway.metrics,

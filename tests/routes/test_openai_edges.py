@@ -360,3 +360,19 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_samples_nothing_visible(se
     with pytest.raises(openai.BadRequestError) as too_many:
         sdk.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, extra_body={"min_tokens": 5})
     assert "max_tokens (0)" in too_many.value.message
+
+
+@pytest.mark.parametrize("prefix", ["/v1", ""], ids=["v1", "vllm's root paths"])
+def test_detokenize_gives_back_the_text_tokenize_cut(service: FakeService, prefix: str) -> None:
+    text = "def f(x):\n    return x  # é 😀\n"
+    with service.client() as client:
+        ids = client.post(f"{prefix}/tokenize", json={"model": MODEL, "prompt": text}).json()["tokens"]
+        back = client.post(f"{prefix}/detokenize", json={"model": MODEL, "tokens": ids})
+        assert back.status_code == 200 and back.json() == {"prompt": text}
+        outside = client.post(f"{prefix}/detokenize", json={"model": MODEL, "tokens": [1, 10**9]})
+        assert outside.status_code == 400 and outside.json()["error"]["param"] == "tokens"
+        unknown = client.post(f"{prefix}/detokenize", json={"model": "gpt-4o", "tokens": ids})
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        unauthorized = client.post(f"{prefix}/detokenize", json={"model": MODEL, "tokens": ids},
+                                   headers={"authorization": "Bearer wrong"})
+        assert unauthorized.status_code == 401

@@ -27,6 +27,8 @@ from cascade.settings import Settings
 logger = logging.getLogger("cascade.access")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _OPEN_PATHS = frozenset({"/health"})
+_ADMITTED_PATHS = frozenset({"/compress", "/decompress", "/tokenize", "/detokenize"})
+"""Besides ``/v1/…``: the routes that take an in-flight slot (probes and scrapes never do)."""
 
 
 class BodyRefusedError(Exception):
@@ -200,7 +202,7 @@ class GatewayMiddleware:
                 await self._reply(send_wrapper, 415, f"Content-Encoding {encoding!r} is not supported: send the "
                                   "body uncompressed", code="unsupported_content_encoding")
                 return
-            admitted = path.startswith("/v1/") or path in ("/compress", "/decompress")
+            admitted = path.startswith("/v1/") or path in _ADMITTED_PATHS
             if admitted and self.inflight >= self.settings.max_concurrent_requests:
                 await self._reply(send_wrapper, 429, "Too many requests in flight; retry shortly",
                                   code="overloaded", headers={"Retry-After": "1"})

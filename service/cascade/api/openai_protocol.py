@@ -268,3 +268,10 @@ class TokenizeRequest(StrictModel):
     model: str
     prompt: str
     add_special_tokens: bool = False
+
+
+class DetokenizeRequest(StrictModel):
+    """``POST /v1/detokenize`` (vLLM's shape): token ids back to text."""
+
+    model: str
+    tokens: list[int]

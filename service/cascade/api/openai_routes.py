@@ -1,9 +1,11 @@
-"""``/v1/models``, ``/v1/tokenize``, ``/v1/completions`` and ``/v1/chat/completions``: validate, ask the
+"""``/v1/models``, ``/v1/tokenize``, ``/v1/detokenize``, ``/v1/completions`` and ``/v1/chat/completions``
+(vLLM's ``/tokenize`` and ``/detokenize`` too): validate, ask the
 engine adapter, render (``completion_render``); prompts come from ``prompts``, the codec feature
 from ``codec_completions``, the top-k export from ``topk_export``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,12 +32,18 @@ from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_words
 from cascade.api.input_bounds import tokenize as tokenize_text
-from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from cascade.api.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from cascade.api.predictions import PredictionUsage, predicted
 from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, echo_texts
 from cascade.api.sampling import (
     check_min_tokens,
     check_model,
+    check_token_ids,
     generation_request,
     resolve_max_tokens,
     unsupported_fields,
@@ -53,6 +61,8 @@ from cascade.metrics import Metrics
 from cascade.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+vllm_paths = APIRouter(tags=["vllm"])
+"""vLLM serves ``/tokenize`` and ``/detokenize`` outside ``/v1``: the same handlers answer there."""
 
 
 @dataclass
@@ -227,6 +237,7 @@ async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
 
 
 @router.post("/tokenize")
+@vllm_paths.post("/tokenize")
 async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_settings),
                    engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
     check_model(body.model, settings)
@@ -236,6 +247,21 @@ async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_setti
                             "split longer text", param="prompt")
     ids = await tokenize_text(engines.tokenizer, body.prompt, body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
+
+
+@router.post("/detokenize")
+@vllm_paths.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, settings: Settings = Depends(get_settings),
+                     engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
+    """The text of ``tokens`` as vLLM's ``/detokenize`` gives it (special tokens kept)."""
+    check_model(body.model, settings)
+    engines.check_ready()
+    if len(body.tokens) > settings.max_tokenize_chars:
+        raise APIError(400, f"tokens may hold at most {settings.max_tokenize_chars} ids (max_tokenize_chars)",
+                       param="tokens")
+    ids = check_token_ids(body.tokens, len(engines.tokenizer), "tokens")
+    text = await asyncio.to_thread(engines.tokenizer.decode, list(ids))
+    return {"prompt": str(text)}
 
 
 @router.post("/completions", response_model=None)
