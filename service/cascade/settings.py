@@ -152,7 +152,8 @@ class Settings(BaseSettings):
     max_bad_words: int = Field(64, ge=0, description="Largest number of bad_words.")
     max_word_chars: int = Field(256, ge=1, description="Longest stop string or bad word, in characters.")
     max_tokenize_chars: int = Field(
-        1 << 20, ge=1, description="Longest /v1/tokenize text, in characters (tokenising is CPU work in the gateway)."
+        1 << 20, ge=1, description="Longest /v1/tokenize text in characters, and most /v1/detokenize ids "
+        "(the tokenizer runs in the gateway)."
     )
     max_header_bytes: int = Field(65536, ge=1024, description="Largest total size of a request's headers (431).")
     max_headers: int = Field(100, ge=8, description="Most header lines a request may send (431).")
@@ -229,7 +230,8 @@ LIMITS = [
     ("max_kcbs_rows", "k-CBS beam_width × steps (engine rows per search)", "400, param `steps`"),
     ("max_bad_words", "bad_words entries", "400, param `bad_words`"),
     ("max_word_chars", "characters of one stop string or bad word", "400, param `stop` / `bad_words`"),
-    ("max_tokenize_chars", "/v1/tokenize text", "400, param `prompt`"),
+    ("max_tokenize_chars", "/v1/tokenize text (characters), /v1/detokenize tokens (ids)",
+     "400, param `prompt` / `tokens`"),
     ("max_header_bytes", "total size of a request's headers", "431, connection closed"),
     ("max_headers", "header lines of a request", "431, connection closed"),
     ("header_timeout_seconds", "time to send the headers", "408, connection closed"),

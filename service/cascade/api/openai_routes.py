@@ -236,15 +236,22 @@ async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
     return _model_card(settings, engines)
 
 
+def _check_tokenizer_request(model: str, size: int, param: str, unit: str, settings: Settings,
+                             engines: EngineManager) -> None:
+    """What ``/tokenize`` and ``/detokenize`` check first: the model, a ready engine, and the work's
+    size (``max_tokenize_chars``: both run the tokenizer in the gateway)."""
+    check_model(model, settings)
+    engines.check_ready()
+    if size > settings.max_tokenize_chars:
+        raise APIError(400, f"{param} may be at most {settings.max_tokenize_chars} {unit} (max_tokenize_chars); "
+                            "split longer input", param=param)
+
+
 @router.post("/tokenize")
 @vllm_paths.post("/tokenize")
 async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_settings),
                    engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
-    check_model(body.model, settings)
-    engines.check_ready()
-    if len(body.prompt) > settings.max_tokenize_chars:
-        raise APIError(400, f"prompt may be at most {settings.max_tokenize_chars} characters (max_tokenize_chars); "
-                            "split longer text", param="prompt")
+    _check_tokenizer_request(body.model, len(body.prompt), "prompt", "characters", settings, engines)
     ids = await tokenize_text(engines.tokenizer, body.prompt, body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
 
@@ -254,11 +261,7 @@ async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_setti
 async def detokenize(body: DetokenizeRequest, settings: Settings = Depends(get_settings),
                      engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
     """The text of ``tokens`` as vLLM's ``/detokenize`` gives it (special tokens kept)."""
-    check_model(body.model, settings)
-    engines.check_ready()
-    if len(body.tokens) > settings.max_tokenize_chars:
-        raise APIError(400, f"tokens may hold at most {settings.max_tokenize_chars} ids (max_tokenize_chars)",
-                       param="tokens")
+    _check_tokenizer_request(body.model, len(body.tokens), "tokens", "ids", settings, engines)
     ids = check_token_ids(body.tokens, len(engines.tokenizer), "tokens")
     text = await asyncio.to_thread(engines.tokenizer.decode, list(ids))
     return {"prompt": str(text)}
