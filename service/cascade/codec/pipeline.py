@@ -365,6 +365,12 @@ class CodecPipeline:
 
     def _decode_job(self, header: Header, record: SegmentRecord, prompt: list[int], request: object | None = None
                     ) -> Callable[[], Awaitable[tuple[int, bytes]]]:
+        def checked(data: bytes) -> bytes:
+            if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
+                raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the container is "
+                                     "damaged; no output was produced for it")
+            return data
+
         async def read(runner: ExactRunner | None = None) -> bytes:
             try:
                 tokens = await self.decode_tokens_from(prompt, record.payload, record.tokens, header.lane_tokens,
@@ -372,19 +378,11 @@ class CodecPipeline:
                                                        weighted_escapes=header.weighted_escapes, runner=runner)
             except PayloadOverrunError as exc:
                 raise overrun_error(f"segment {record.index}", exc, record.tokens) from None
-            data = self.decode_tokens(tokens).encode("utf-8")
-            if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
-                raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the container is "
-                                     "damaged; no output was produced for it")
-            return data
+            return checked(self.decode_tokens(tokens).encode("utf-8"))
 
         async def run() -> tuple[int, bytes]:
             if record.kind == KIND_RAW:
-                data = record.payload
-                if len(data) != record.original_length or zlib.crc32(data) != record.crc32:
-                    raise IntegrityError(f"segment {record.index} failed its checksum after decoding: the "
-                                         "container is damaged; no output was produced for it")
-                return record.index, data
+                return record.index, checked(record.payload)
             if record.tokens > header.lane_tokens * MAX_LANES:
                 raise ContainerError(f"corrupted container: segment {record.index} declares "
                                      f"{record.tokens} tokens, more than {MAX_LANES} lanes")
