@@ -145,28 +145,37 @@ async def from_thread(chunks: Iterator[bytes], depth: int = 4) -> AsyncIterator[
     current read.
     """
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue(depth)
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    room = threading.Semaphore(depth)
     stop = threading.Event()
+
+    def put(item: Any) -> None:
+        # A callback, not a coroutine: a loop that closes first leaves no un-awaited coroutine behind.
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody reads any more
+            stop.set()
 
     def pump() -> None:
         item: Any = _END
         try:
             for chunk in chunks:
+                room.acquire()
                 if stop.is_set():
                     return
-                asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
+                put(chunk)
         except BaseException as exc:  # handed to the consumer, raised there
             item = exc
         if not stop.is_set():
-            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            put(item)
 
     threading.Thread(target=pump, name="cascade-source", daemon=True).start()
     try:
         while (item := await queue.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
+            room.release()
             yield item
     finally:
         stop.set()
-        while not queue.empty():  # unblock a pending put so the thread can see ``stop``
-            queue.get_nowait()
+        room.release()  # a pump waiting for room sees ``stop``
