@@ -106,14 +106,16 @@ def openai_client(service: Service):  # type: ignore[no-untyped-def]
     return OpenAI(base_url=service.base_url + "/v1", api_key=service.api_key, max_retries=0, timeout=120)
 
 
-def unfinished_engine_requests(service: Service) -> float:
-    """Sum of ``cascade_engine_unfinished_requests`` over engines, read from ``/metrics``."""
+def metric_sum(service: Service, name: str) -> float:
+    """Metric ``name`` read from ``/metrics``, summed over its label sets (if it has any)."""
     text = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("cascade_engine_unfinished_requests{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((f"{name}{{", f"{name} ")))
+
+
+def unfinished_engine_requests(service: Service) -> float:
+    """Sum of ``cascade_engine_unfinished_requests`` over engines."""
+    return metric_sum(service, "cascade_engine_unfinished_requests")
 
 
 def wait_until_idle(service: Service, timeout: float = 30) -> float:

@@ -27,6 +27,7 @@ from tests.integration.conftest import (
     MODEL,
     Service,
     live_state,
+    metric_sum,
     start_service,
     stop_service,
     unfinished_engine_requests,
@@ -123,9 +124,7 @@ class HeldBody:
 
 def inflight_requests(service: Service) -> float:
     """The gateway's ``cascade_inflight_requests`` gauge: requests holding an admission slot."""
-    text = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("cascade_inflight_requests "))
+    return metric_sum(service, "cascade_inflight_requests")
 
 
 # ------------------------------------------------------------------------------- leaks after aborts

@@ -37,7 +37,16 @@ import psutil
 import pytest
 from cascade_client import CascadeClient, CascadeError
 
-from tests.integration.conftest import MODEL, REPO, Service, free_port, start_service, stop_service, wait_for
+from tests.integration.conftest import (
+    MODEL,
+    REPO,
+    Service,
+    free_port,
+    metric_sum,
+    start_service,
+    stop_service,
+    wait_for,
+)
 
 HAPROXY = shutil.which("haproxy")
 if HAPROXY is None:
@@ -63,9 +72,7 @@ class Balanced:
         return CascadeClient(url or self.url, self.api_key, timeout=300, **kwargs)  # type: ignore[arg-type]
 
     def codec_jobs(self, replica: Service) -> float:
-        text = httpx.get(f"{replica.base_url}/metrics", headers=replica.headers, timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("cascade_codec_live_jobs "))
+        return metric_sum(replica, "cascade_codec_live_jobs")
 
 
 def _start_haproxy(tmp: Path, replicas: list[Service]) -> tuple[subprocess.Popen[bytes], str, Path]:
