@@ -31,6 +31,7 @@ from cascade.codec.exact import fused, root
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.frequencies import frequency_tables
 from cascade.codec.exact.model import ExactConfig, ExactLlama
+from torch.utils._python_dispatch import _disable_current_modes
 
 REPO = Path(__file__).resolve().parents[3]
 PYCODER = REPO / "models" / "pycoder-23m"
@@ -120,7 +121,10 @@ def load(name: str, **kwargs: Any) -> ExactLlama:
 
 
 def digest(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    """sha256 of the tensor's bytes, taken outside any op audit: copying a GPU tensor to the host to hash
+    it is the harness's step, not the model's (under ``OpAudit("cuda")`` its host ops were flagged)."""
+    with _disable_current_modes():
+        return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 def workload(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -152,15 +156,16 @@ def record(model: ExactLlama, machine_root: bool = False) -> dict[str, str]:
     cache = KVCache.allocate(len(decode), max(len(s) for s in decode), c.num_layers, c.num_kv_heads, c.head_dim,
                              **({} if device is None else {"device": device}))
     hidden = model.prefill([s[:n] for s, n in zip(decode, prefixes, strict=True)], cache, list(range(len(decode))))
-    ends = torch.tensor(prefixes).cumsum(0) - 1
-    rows = [model.logits(hidden[ends.to(hidden.device)])]
+    on = hidden.device  # every tensor the harness makes lives where the model computes (the CUDA audit)
+    ends = torch.tensor(prefixes, device=on).cumsum(0) - 1
+    rows = [model.logits(hidden[ends])]
     hiddens = [hidden]
     live = list(range(len(decode)))
     for t in range(24):
         if t == 12:
             live = [0, 2, 3]
-            cache.keep(torch.tensor([0, 2, 3]))
-        tokens = torch.tensor([decode[i][prefixes[i] + t] for i in live])
+            cache.keep(torch.tensor([0, 2, 3], device=on))
+        tokens = torch.tensor([decode[i][prefixes[i] + t] for i in live], device=on)
         hidden = model.step(tokens, cache)
         hiddens.append(hidden)
         rows.append(model.logits(hidden))

@@ -1,0 +1,111 @@
+"""The exact codec on a CUDA GPU against the CPU, with no vLLM and no HTTP (a lent GPU machine has torch
+but not vLLM): containers crossing CPU↔GPU, and throughput each way on both devices of one machine.
+
+    python benchmarks/gpu/codec_cuda.py --device cuda|cpu --text FILE --out DIR [--sizes 4096,32768]
+        [--peer DIR (containers another machine wrote: must decode here, and match this run's bytes)]
+
+For each size: compress the first SIZE bytes of ``--text`` with the service's defaults (top-k 1024,
+32-bit coder, container version 4, the latency lane plan), decompress the container, check the round
+trip, and write it to ``DIR/SIZE.cz``. With ``--peer``, each ``PEER/SIZE.cz`` is decompressed here and
+compared with this run's container byte for byte: the exact model computes the same integers on every
+device, so a GPU writes the CPU's bytes. The pipeline's own self-test (the shipped reference containers
+of both versions, written and read) runs first. Prints one row per size; ratios go in RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "service")]
+
+from cascade.codec.exact.device import load_codec_model  # noqa: E402
+from cascade.codec.exact.known_answer import reference_path  # noqa: E402
+from cascade.codec.exact.model import NUMERICS_VERSION  # noqa: E402
+from cascade.codec.exact.runner import ExactRunner  # noqa: E402
+from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats  # noqa: E402
+from cascade.engine.fingerprint import model_fingerprint  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+MODEL = REPO / "models" / "pycoder-23m"
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def compress(pipe: CodecPipeline, data: bytes) -> tuple[bytes, int]:
+    options = CompressOptions(top_k=1024, precision_bits=32, lane_tokens=1000, lanes=16, step_budget=768)
+    stats = CompressStats()
+    container = b"".join([part async for part in pipe.compress(_one(data), options, stats, "bench")])
+    return container, stats.tokens
+
+
+async def decompress(pipe: CodecPipeline, container: bytes) -> bytes:
+    return b"".join([part async for _, part in pipe.decompress(_one(container), "bench")])
+
+
+def timed(coro_fn, *args):  # type: ignore[no-untyped-def]
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = asyncio.run(coro_fn(*args))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    parser.add_argument("--text", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", default="4096,32768")
+    parser.add_argument("--peer", type=Path)
+    parser.add_argument("--decode-max", type=int, default=1 << 30, help="larger sizes are only compressed")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    fingerprint = model_fingerprint(str(MODEL))
+    start = time.perf_counter()
+    model, moved, _ = load_codec_model(args.device, MODEL, 1024, "fast", reference_path(fingerprint))
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"device {model.device} ({name}), torch {torch.__version__}, kernels {model.kernel_summary()}, "
+          f"known answer passed, loaded in {time.perf_counter() - start:.1f}s{'; ' + moved if moved else ''}",
+          flush=True)
+    runner = ExactRunner(model, model.config.vocab_size, 32, 1024, None, max_draft=16)
+    pipe = CodecPipeline(1024, 8)
+    pipe.attach(runner, NUMERICS_VERSION, AutoTokenizer.from_pretrained(str(MODEL)), fingerprint)
+    _, seconds = timed(pipe.self_test)
+    print(f"self-test (reference containers v3 and v4 written and read): passed in {seconds:.1f}s", flush=True)
+    text = args.text.read_bytes()
+    print("| bytes | tokens | compress s | tok/s | decompress s | tok/s | round trip | peer decodes | peer equal |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    failed = False
+    for size in map(int, args.sizes.split(",")):
+        data = text[:size]
+        (container, tokens), c_s = timed(compress, pipe, data)
+        back, d_s = timed(decompress, pipe, container) if size <= args.decode_max else (data, float("nan"))
+        (args.out / f"{size}.cz").write_bytes(container)
+        peer_decodes = peer_equal = "-"
+        if args.peer is not None and (args.peer / f"{size}.cz").exists():
+            theirs = (args.peer / f"{size}.cz").read_bytes()
+            peer_decodes = "yes" if asyncio.run(decompress(pipe, theirs)) == data else "NO"
+            peer_equal = "yes" if theirs == container else "NO"
+        ok = back == data
+        failed |= not ok or "NO" in (peer_decodes, peer_equal)
+        trip = ("exact" if ok else "WRONG") if size <= args.decode_max else "-"
+        print(f"| {size} | {tokens} | {c_s:.2f} | {tokens / c_s:.0f} | {d_s:.2f} | {tokens / d_s:.0f} | "
+              f"{trip} | {peer_decodes} | {peer_equal} |", flush=True)
+    pipe.close()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
