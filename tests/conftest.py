@@ -17,7 +17,10 @@ A test anywhere else fails collection: put it in one of those directories (or ad
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +60,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         dirs = ", ".join(f"tests/{d} ({t})" for d, t in TIER_OF_DIRECTORY.items())
         raise pytest.UsageError("tests outside a tier directory (every test needs exactly one tier, set by "
                                 f"where it lives: {dirs}):\n" + "\n".join(misplaced))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Free disk where the tests write, on the summary's last lines: a CI machine's disk is shared, and a
+    nearly full one has failed services' requests in ways that looked like timing."""
+    places = {"temporary files": Path(tempfile.gettempdir()), "checkout": REPO}
+    free = ", ".join(f"{name} {shutil.disk_usage(path).free / 2**30:.1f} GiB" for name, path in places.items())
+    terminalreporter.write_line(f"disk free at the end: {free}")

@@ -108,8 +108,9 @@ def openai_client(service: Service):  # type: ignore[no-untyped-def]
 
 def metric_sum(service: Service, name: str) -> float:
     """Metric ``name`` read from ``/metrics``, summed over its label sets (if it has any)."""
-    text = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+    r = httpx.get(f"{service.base_url}/metrics", headers=service.headers, timeout=10)
+    assert r.status_code == 200, f"/metrics answered {r.status_code}: {r.text[:300]}"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
                if line.startswith((f"{name}{{", f"{name} ")))
 
 
