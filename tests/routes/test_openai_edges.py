@@ -268,10 +268,12 @@ def test_an_empty_body_is_a_400_saying_it_is_empty(service: FakeService) -> None
     assert "body is empty" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("body", [b'{"model": "x",', b"\xff\xfe{", b"[" * 100_000 + b"]" * 100_000],
+                         ids=["cut short", "not UTF-8", "nested too deeply"])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/compress"])
-def test_a_body_that_is_not_json_is_invalid_json_on_every_route(service: FakeService, path: str) -> None:
+def test_a_body_that_is_not_json_is_invalid_json_on_every_route(service: FakeService, path: str, body: bytes) -> None:
     with service.client() as client:
-        r = client.post(path, content=b'{"model": "x",', headers={"content-type": "application/json"})
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["code"] == "invalid_json" and error["param"] is None

@@ -52,6 +52,9 @@ _DEFAULT_CODES = {
     504: "timeout",
 }
 MAX_MESSAGE_CHARS = 500
+_UNPARSED_BODY = "There was an error parsing the body"
+"""FastAPI's 400 for a body its JSON reading failed on other than as a syntax error (bytes that are not
+UTF-8, nesting past the parser's depth): the same ``invalid_json`` as a syntax error."""
 
 
 class APIError(Exception):
@@ -164,6 +167,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _UNPARSED_BODY:
+            return error_response(APIError(400, "Request body is not valid JSON (not UTF-8, or nested too deeply)",
+                                           code="invalid_json"))
         message = "Unknown route" if exc.status_code == 404 else str(exc.detail)
         return error_response(APIError(exc.status_code, message, headers=getattr(exc, "headers", None)))
 
