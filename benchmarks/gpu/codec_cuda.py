@@ -69,19 +69,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sizes", default="4096,32768")
     parser.add_argument("--peer", type=Path)
+    parser.add_argument("--model", type=Path, default=MODEL, help="model folder (default: models/pycoder-23m)")
     parser.add_argument("--decode-max", type=int, default=1 << 30, help="larger sizes are only compressed")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    fingerprint = model_fingerprint(str(MODEL))
+    fingerprint = model_fingerprint(str(args.model))
     start = time.perf_counter()
-    model, moved, _ = load_codec_model(args.device, MODEL, 1024, "fast", reference_path(fingerprint))
+    model, moved, _ = load_codec_model(args.device, args.model, 1024, "fast", reference_path(fingerprint))
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"device {model.device} ({name}), torch {torch.__version__}, kernels {model.kernel_summary()}, "
           f"known answer passed, loaded in {time.perf_counter() - start:.1f}s{'; ' + moved if moved else ''}",
           flush=True)
     runner = ExactRunner(model, model.config.vocab_size, 32, 1024, None, max_draft=16)
     pipe = CodecPipeline(1024, 8)
-    pipe.attach(runner, NUMERICS_VERSION, AutoTokenizer.from_pretrained(str(MODEL)), fingerprint)
+    pipe.attach(runner, NUMERICS_VERSION, AutoTokenizer.from_pretrained(str(args.model)), fingerprint)
     _, seconds = timed(pipe.self_test)
     print(f"self-test (reference containers v3 and v4 written and read): passed in {seconds:.1f}s", flush=True)
     text = args.text.read_bytes()
