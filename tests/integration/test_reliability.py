@@ -196,6 +196,9 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
                 assert wait_until_idle(service) == 0
         pytest.fail(f"{path} finished before a poll saw it in an engine, three times: {finished_first}")
 
+    for path, body in (("/v1/chat/completions", {**chat, "stream": False}),
+                       ("/v1/kcbs", {**kcbs, "stream": False})):
+        asyncio.run(give_up(path, body))
     assert seen_inside.keys() == {"prediction_states", "codec_jobs", "kcbs_searches"}, seen_inside
     assert seen_inside["prediction_states"] == seen_inside["kcbs_searches"] == 1, seen_inside
     assert seen_inside["codec_jobs"] >= 1, seen_inside
