@@ -141,7 +141,7 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "write handlers"}], "max_tokens": 600,
             "ignore_eos": True, "temperature": 1.0, "stream": True,
             "prediction": {"type": "content", "content": PREDICTION}}
-    compress_body = {"text": CODE * 2, "lane_tokens": 64}
+    compress_body = {"text": CODE * 8, "lane_tokens": 64}  # long enough to be seen coding on a fast machine
     kcbs = {"model": MODEL, "prompt": "import os\n\ndef ", "beam_width": 8, "steps": 60, "stream": True}
     sse = {"accept": "text/event-stream"}
     seen_inside: dict[str, int] = {}
