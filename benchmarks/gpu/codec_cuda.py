@@ -35,6 +35,10 @@ from cascade.engine.fingerprint import model_fingerprint  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 MODEL = REPO / "models" / "pycoder-23m"
+# The service's defaults are restated here (options, runner, pipeline): ``cascade.settings`` needs
+# pydantic-settings, which a lent GPU machine lacks. codec_top_k, codec_precision_bits, codec_lane_tokens,
+# codec_lanes, codec_lane_steps:
+OPTIONS = CompressOptions(top_k=1024, precision_bits=32, lane_tokens=1000, lanes=16, step_budget=768)
 
 
 async def _one(data: bytes) -> AsyncIterator[bytes]:
@@ -42,9 +46,8 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def compress(pipe: CodecPipeline, data: bytes) -> tuple[bytes, int]:
-    options = CompressOptions(top_k=1024, precision_bits=32, lane_tokens=1000, lanes=16, step_budget=768)
     stats = CompressStats()
-    container = b"".join([part async for part in pipe.compress(_one(data), options, stats, "bench")])
+    container = b"".join([part async for part in pipe.compress(_one(data), OPTIONS, stats, "bench")])
     return container, stats.tokens
 
 
@@ -80,8 +83,8 @@ def main() -> None:
     print(f"device {model.device} ({name}), torch {torch.__version__}, kernels {model.kernel_summary()}, "
           f"known answer passed, loaded in {time.perf_counter() - start:.1f}s{'; ' + moved if moved else ''}",
           flush=True)
-    runner = ExactRunner(model, model.config.vocab_size, 32, 1024, None, max_draft=16)
-    pipe = CodecPipeline(1024, 8)
+    runner = ExactRunner(model, model.config.vocab_size, max_rows=32, prefill_tokens=1024, max_draft=16)
+    pipe = CodecPipeline(max_positions=1024, window=8)  # max_model_len, codec_segments_in_flight
     pipe.attach(runner, NUMERICS_VERSION, AutoTokenizer.from_pretrained(str(args.model)), fingerprint)
     _, seconds = timed(pipe.self_test)
     print(f"self-test (reference containers v3 and v4 written and read): passed in {seconds:.1f}s", flush=True)
