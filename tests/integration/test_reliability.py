@@ -81,6 +81,37 @@ def _first_nonzero(read: Any, what: str, timeout: float = 60) -> int:
     return int(wait_for(lambda: int(read()), timeout, what))
 
 
+def _kcbs_seen_while_streaming(client: httpx.Client, service: Service, body: dict[str, Any]) -> int:
+    """The live k-CBS search count seen while a search streams, which the caller then drops.
+
+    A search that ends before a poll sees it (a stalled test process, a fast machine) proves nothing:
+    its stream is read to the end and the search is made again, at most three times. A stream that
+    ends in an error event fails the test with that event."""
+    finished_first: list[str] = []
+    for _ in range(3):
+        with client.stream("POST", "/v1/kcbs", json=body) as r:
+            assert r.status_code == 200, r.read()
+            lines = r.iter_lines()
+            first = _read_some(lines, 1)[0]
+            assert '"kcbs.step"' in first, \
+                f"the first event of a k-CBS stream is not a step: {first}\n{service.log_tail()}"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                count = int(live_state(service)["gateway"]["kcbs_searches"])
+                if count:
+                    return count
+                time.sleep(0.05)
+            rest = [line for line in lines if line]
+            if time.monotonic() > deadline + 5:
+                pytest.fail(f"a k-CBS search streamed for 20 s while every poll saw none: {rest[-2:]}\n"
+                            f"{service.log_tail()}")
+        assert not any('"error"' in line for line in rest), \
+            f"the k-CBS stream failed: {rest[-3:]}\n{service.log_tail()}"
+        finished_first.append(f"{len(rest) + 1} lines, ending {rest[-2:]}")
+    pytest.fail(f"no poll saw a k-CBS search while it streamed, three times: {finished_first}\n"
+                f"{service.log_tail()}")
+
+
 def _refuses_connections(port: int) -> bool:
     """True once nothing listens on ``port`` any more."""
     try:
@@ -168,13 +199,13 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
                 assert r.status_code == 200
                 lines = r.iter_lines()
                 assert _read_some(lines, 2)[0] == "event: text"
-            with client.stream("POST", "/v1/kcbs", json=kcbs) as r:
-                assert r.status_code == 200
-                lines = r.iter_lines()
-                assert _read_some(lines, 1)[0].startswith("data: {")
-                if i == 0:
-                    seen_inside["kcbs_searches"] = _first_nonzero(
-                        lambda: live_state(service)["gateway"]["kcbs_searches"], "a k-CBS search while it streams")
+            if i == 0:
+                seen_inside["kcbs_searches"] = _kcbs_seen_while_streaming(client, service, kcbs)
+            else:
+                with client.stream("POST", "/v1/kcbs", json=kcbs) as r:
+                    assert r.status_code == 200
+                    first = _read_some(r.iter_lines(), 1)[0]
+                    assert '"kcbs.step"' in first, first
     # Plain (non-streaming) requests whose client gives up while the engine runs them are aborted too.
     # A request can finish before a poll sees it in an engine (drafts can write a sampled answer in a
     # few steps); that attempt proves nothing, so it is made again, at most three times.
