@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,40 +76,36 @@ def engine_core_processes(pid: int) -> list[psutil.Process]:
     return found
 
 
-def _first_nonzero(read: Any, what: str, timeout: float = 60) -> int:
-    """The first non-zero value ``read()`` gives (fails the test naming ``what`` after ``timeout``)."""
-    return int(wait_for(lambda: int(read()), timeout, what))
+def _seen_while_streaming(client: httpx.Client, service: Service, what: str, read: Callable[[], int],
+                          first: tuple[int, str], **request: Any) -> int:
+    """The first non-zero ``read()`` while a ``POST`` of ``request`` streams; the caller then drops it.
 
-
-def _kcbs_seen_while_streaming(client: httpx.Client, service: Service, body: dict[str, Any]) -> int:
-    """The live k-CBS search count seen while a search streams, which the caller then drops.
-
-    A search that ends before a poll sees it (a stalled test process, a fast machine) proves nothing:
-    its stream is read to the end and the search is made again, at most three times. A stream that
-    ends in an error event fails the test with that event."""
+    ``first``: how many lines to read before polling, and a text the first of them must hold. A
+    request that ends before a poll sees it (a stalled test process, a fast machine) proves nothing:
+    its stream is read to the end and it is made again, at most three times. A stream that ends in an
+    error event fails the test with that event and the service's log."""
+    count, marker = first
     finished_first: list[str] = []
     for _ in range(3):
-        with client.stream("POST", "/v1/kcbs", json=body) as r:
+        with client.stream("POST", **request) as r:
             assert r.status_code == 200, r.read()
             lines = r.iter_lines()
-            first = _read_some(lines, 1)[0]
-            assert '"kcbs.step"' in first, \
-                f"the first event of a k-CBS stream is not a step: {first}\n{service.log_tail()}"
+            head = _read_some(lines, count)
+            assert marker in head[0], f"{what}: the stream began {head}\n{service.log_tail()}"
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
-                count = int(live_state(service)["gateway"]["kcbs_searches"])
-                if count:
-                    return count
+                seen = int(read())
+                if seen:
+                    return seen
                 time.sleep(0.05)
             rest = [line for line in lines if line]
             if time.monotonic() > deadline + 5:
-                pytest.fail(f"a k-CBS search streamed for 20 s while every poll saw none: {rest[-2:]}\n"
+                pytest.fail(f"{what}: it streamed on for 20 s while every poll saw nothing: {rest[-2:]}\n"
                             f"{service.log_tail()}")
-        assert not any('"error"' in line for line in rest), \
-            f"the k-CBS stream failed: {rest[-3:]}\n{service.log_tail()}"
-        finished_first.append(f"{len(rest) + 1} lines, ending {rest[-2:]}")
-    pytest.fail(f"no poll saw a k-CBS search while it streamed, three times: {finished_first}\n"
-                f"{service.log_tail()}")
+        errors = [line for line in rest if line.startswith("event: error") or line.startswith('data: {"error"')]
+        assert not errors, f"{what}: the stream failed: {errors}\n{service.log_tail()}"
+        finished_first.append(f"{len(head) + len(rest)} lines, ending {rest[-2:]}")
+    pytest.fail(f"{what}: it finished before a poll saw it, three times: {finished_first}\n{service.log_tail()}")
 
 
 def _refuses_connections(port: int) -> bool:
@@ -179,33 +175,32 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
     rounds = 4
     with service.client() as client:
         for i in range(rounds):
-            with client.stream("POST", "/v1/chat/completions", json={**chat, "seed": i}) as r:
-                assert r.status_code == 200
-                lines = r.iter_lines()
-                assert any(line.startswith("data: {") for line in _read_some(lines, 4))
-                if i == 0:  # the counters see live state while a request runs
-                    seen_inside["prediction_states"] = _first_nonzero(
-                        lambda: live_state(service)["engines"]["predict"]["prediction_states"],
-                        "the proposer's prediction state while the chat stream runs")
-            with client.stream("POST", "/compress", json=compress_body, headers=sse) as r:
-                assert r.status_code == 200
-                lines = r.iter_lines()
-                assert _read_some(lines, 2)[0] == "event: chunk"
-                if i == 0:
-                    seen_inside["codec_jobs"] = _first_nonzero(lambda: live_state(service)["gateway"]["codec_jobs"],
-                                                               "a codec job while /compress streams")
+            chat_request = {"url": "/v1/chat/completions", "json": {**chat, "seed": i}}
+            compress_request = {"url": "/compress", "json": compress_body, "headers": sse}
+            kcbs_request = {"url": "/v1/kcbs", "json": kcbs}
+            if i == 0:  # the counters see live state while a request runs
+                seen_inside["prediction_states"] = _seen_while_streaming(
+                    client, service, "the proposer's prediction state while the chat stream runs",
+                    lambda: live_state(service)["engines"]["predict"]["prediction_states"],
+                    (4, "data: {"), **chat_request)
+                seen_inside["codec_jobs"] = _seen_while_streaming(
+                    client, service, "a codec job while /compress streams",
+                    lambda: live_state(service)["gateway"]["codec_jobs"], (2, "event: chunk"), **compress_request)
+                seen_inside["kcbs_searches"] = _seen_while_streaming(
+                    client, service, "a k-CBS search while it streams",
+                    lambda: live_state(service)["gateway"]["kcbs_searches"], (1, '"kcbs.step"'), **kcbs_request)
+            else:
+                for request, first in ((chat_request, "data: {"), (compress_request, "event: chunk"),
+                                       (kcbs_request, '"kcbs.step"')):
+                    with client.stream("POST", **request) as r:
+                        assert r.status_code == 200
+                        head = _read_some(r.iter_lines(), 2)
+                        assert first in head[0], head
             with client.stream("POST", "/decompress", content=container,
                                headers={**sse, "content-type": "application/octet-stream"}) as r:
                 assert r.status_code == 200
                 lines = r.iter_lines()
                 assert _read_some(lines, 2)[0] == "event: text"
-            if i == 0:
-                seen_inside["kcbs_searches"] = _kcbs_seen_while_streaming(client, service, kcbs)
-            else:
-                with client.stream("POST", "/v1/kcbs", json=kcbs) as r:
-                    assert r.status_code == 200
-                    first = _read_some(r.iter_lines(), 1)[0]
-                    assert '"kcbs.step"' in first, first
     # Plain (non-streaming) requests whose client gives up while the engine runs them are aborted too.
     # A request can finish before a poll sees it in an engine (drafts can write a sampled answer in a
     # few steps); that attempt proves nothing, so it is made again, at most three times.
