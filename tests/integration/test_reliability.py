@@ -77,20 +77,19 @@ def engine_core_processes(pid: int) -> list[psutil.Process]:
 
 
 def _seen_while_streaming(client: httpx.Client, service: Service, what: str, read: Callable[[], int],
-                          first: tuple[int, str], **request: Any) -> int:
+                          marker: str, **request: Any) -> int:
     """The first non-zero ``read()`` while a ``POST`` of ``request`` streams; the caller then drops it.
 
-    ``first``: how many lines to read before polling, and a text the first of them must hold. A
+    ``marker``: a text the stream's first line must hold (two lines are read before polling). A
     request that ends before a poll sees it (a stalled test process, a fast machine) proves nothing:
     its stream is read to the end and it is made again, at most three times. A stream that ends in an
     error event fails the test with that event and the service's log."""
-    count, marker = first
     finished_first: list[str] = []
     for _ in range(3):
         with client.stream("POST", **request) as r:
             assert r.status_code == 200, r.read()
             lines = r.iter_lines()
-            head = _read_some(lines, count)
+            head = _read_some(lines, 2)
             assert marker in head[0], f"{what}: the stream began {head}\n{service.log_tail()}"
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
@@ -175,27 +174,25 @@ def test_aborted_streams_leave_no_live_state_in_engines_or_gateway(service: Serv
     rounds = 4
     with service.client() as client:
         for i in range(rounds):
-            chat_request = {"url": "/v1/chat/completions", "json": {**chat, "seed": i}}
-            compress_request = {"url": "/compress", "json": compress_body, "headers": sse}
-            kcbs_request = {"url": "/v1/kcbs", "json": kcbs}
-            if i == 0:  # the counters see live state while a request runs
-                seen_inside["prediction_states"] = _seen_while_streaming(
-                    client, service, "the proposer's prediction state while the chat stream runs",
-                    lambda: live_state(service)["engines"]["predict"]["prediction_states"],
-                    (4, "data: {"), **chat_request)
-                seen_inside["codec_jobs"] = _seen_while_streaming(
-                    client, service, "a codec job while /compress streams",
-                    lambda: live_state(service)["gateway"]["codec_jobs"], (2, "event: chunk"), **compress_request)
-                seen_inside["kcbs_searches"] = _seen_while_streaming(
-                    client, service, "a k-CBS search while it streams",
-                    lambda: live_state(service)["gateway"]["kcbs_searches"], (1, '"kcbs.step"'), **kcbs_request)
-            else:
-                for request, first in ((chat_request, "data: {"), (compress_request, "event: chunk"),
-                                       (kcbs_request, '"kcbs.step"')):
-                    with client.stream("POST", **request) as r:
-                        assert r.status_code == 200
-                        head = _read_some(r.iter_lines(), 2)
-                        assert first in head[0], head
+            streams = (  # what each stream's live state is seen as, the request, its first event's marker
+                ("prediction_states", "the proposer's prediction state while the chat stream runs",
+                 lambda: live_state(service)["engines"]["predict"]["prediction_states"],
+                 {"url": "/v1/chat/completions", "json": {**chat, "seed": i}}, '"chat.completion.chunk"'),
+                ("codec_jobs", "a codec job while /compress streams",
+                 lambda: live_state(service)["gateway"]["codec_jobs"],
+                 {"url": "/compress", "json": compress_body, "headers": sse}, "event: chunk"),
+                ("kcbs_searches", "a k-CBS search while it streams",
+                 lambda: live_state(service)["gateway"]["kcbs_searches"],
+                 {"url": "/v1/kcbs", "json": kcbs}, '"kcbs.step"'),
+            )
+            for kind, what, read, request, marker in streams:
+                if i == 0:  # the counters see live state while a request runs
+                    seen_inside[kind] = _seen_while_streaming(client, service, what, read, marker, **request)
+                    continue
+                with client.stream("POST", **request) as r:
+                    assert r.status_code == 200
+                    head = _read_some(r.iter_lines(), 2)
+                    assert marker in head[0], head
             with client.stream("POST", "/decompress", content=container,
                                headers={**sse, "content-type": "application/octet-stream"}) as r:
                 assert r.status_code == 200
