@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ sys.path[:0] = [str(REPO / "service")]
 from cascade.codec.exact.device import load_codec_model  # noqa: E402
 from cascade.codec.exact.known_answer import reference_path  # noqa: E402
 from cascade.codec.exact.model import NUMERICS_VERSION  # noqa: E402
-from cascade.codec.exact.runner import ExactRunner  # noqa: E402
+from cascade.codec.exact.runner import ExactRunner, RunnerStats  # noqa: E402
 from cascade.codec.pipeline import CodecPipeline, CompressOptions, CompressStats  # noqa: E402
 from cascade.engine.fingerprint import model_fingerprint  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
@@ -74,6 +75,10 @@ def main() -> None:
     parser.add_argument("--peer", type=Path)
     parser.add_argument("--model", type=Path, default=MODEL, help="model folder (default: models/pycoder-23m)")
     parser.add_argument("--decode-max", type=int, default=1 << 30, help="larger sizes are only compressed")
+    parser.add_argument("--no-graphs", action="store_true",
+                        help="launch decode passes op by op (codec_cuda_graphs off)")
+    parser.add_argument("--profile", type=Path,
+                        help="write torch.profiler's op table of the first size's decompression here")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     fingerprint = model_fingerprint(str(args.model))
@@ -81,9 +86,11 @@ def main() -> None:
     model, moved, _ = load_codec_model(args.device, args.model, 1024, "fast", reference_path(fingerprint))
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"device {model.device} ({name}), torch {torch.__version__}, kernels {model.kernel_summary()}, "
-          f"known answer passed, loaded in {time.perf_counter() - start:.1f}s{'; ' + moved if moved else ''}",
+          f"known answer passed, loaded in {time.perf_counter() - start:.1f}s{'; ' + moved if moved else ''}"
+          f"{'; CUDA graphs off' if args.no_graphs and args.device == 'cuda' else ''}",
           flush=True)
-    runner = ExactRunner(model, model.config.vocab_size, max_rows=32, prefill_tokens=1024, max_draft=16)
+    runner = ExactRunner(model, model.config.vocab_size, max_rows=32, prefill_tokens=1024, max_draft=16,
+                         cuda_graphs=not args.no_graphs)
     pipe = CodecPipeline(max_positions=1024, window=8)  # max_model_len, codec_segments_in_flight
     pipe.attach(runner, NUMERICS_VERSION, AutoTokenizer.from_pretrained(str(args.model)), fingerprint)
     _, seconds = timed(pipe.self_test)
@@ -92,10 +99,13 @@ def main() -> None:
     print("| bytes | tokens | compress s | tok/s | decompress s | tok/s | round trip | peer decodes | peer equal |")
     print("|---|---|---|---|---|---|---|---|---|")
     failed = False
+    notes: list[str] = []
     for size in map(int, args.sizes.split(",")):
         data = text[:size]
         (container, tokens), c_s = timed(compress, pipe, data)
+        before = dataclasses.replace(runner.stats)
         back, d_s = timed(decompress, pipe, container) if size <= args.decode_max else (data, float("nan"))
+        notes.append(decode_note(size, before, runner))
         (args.out / f"{size}.cz").write_bytes(container)
         peer_decodes = peer_equal = "-"
         if args.peer is not None and (args.peer / f"{size}.cz").exists():
@@ -107,8 +117,41 @@ def main() -> None:
         trip = ("exact" if ok else "WRONG") if size <= args.decode_max else "-"
         print(f"| {size} | {tokens} | {c_s:.2f} | {tokens / c_s:.0f} | {d_s:.2f} | {tokens / d_s:.0f} | "
               f"{trip} | {peer_decodes} | {peer_equal} |", flush=True)
+    print("\n".join(notes), flush=True)
+    if args.profile is not None:
+        profile_decompress(pipe, (args.out / f"{args.sizes.split(',')[0]}.cz").read_bytes(), args.profile)
     pipe.close()
     sys.exit(1 if failed else 0)
+
+
+def decode_note(size: int, before: RunnerStats, runner: ExactRunner) -> str:
+    """Where a decompression's steps went: their count, tokens per lane and step, the runner's own split
+    of its time, and the CUDA graphs captured (counted over the process: the cohort keeps its graphs)."""
+    s = runner.stats
+    steps, rows = s.decode_steps - before.decode_steps, s.row_steps - before.row_steps
+    graphs = runner._cohort.graphs
+    captured = (f"; graphs so far: {graphs.captures} captured in {graphs.capture_seconds:.2f} s, "
+                f"{graphs.replays} replays" if graphs is not None else "")
+    return (f"{size} B decode: {steps} steps, {(s.decoded_tokens - before.decoded_tokens) / max(1, rows):.2f} "
+            f"tokens per lane-step, model {s.model_seconds - before.model_seconds:.2f} s, pick "
+            f"{s.pick_seconds - before.pick_seconds:.2f} s{captured}")
+
+
+def profile_decompress(pipe: CodecPipeline, container: bytes, out: Path) -> None:
+    """Where a decompression's time goes on this device: host-side time per op (launch and dispatch) and
+    device time per kernel, with the count of each, so a launch-bound decode shows as many calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        _, seconds = timed(decompress, pipe, container)
+    events = prof.key_averages()
+    tables = [f"decompression under the profiler: {seconds:.2f} s",
+              events.table(sort_by="self_cpu_time_total", row_limit=40)]
+    if torch.cuda.is_available():
+        tables.append(events.table(sort_by="self_cuda_time_total", row_limit=25))
+    out.write_text("\n\n".join(tables))
+    print("\n\n".join(tables)[:6000], flush=True)
 
 
 if __name__ == "__main__":

@@ -175,7 +175,8 @@ class Gateway:
         def runner(threads: int | None, machine_root: bool = False) -> ExactRunner:
             return ExactRunner(model, model.config.vocab_size, s.codec_max_rows, s.codec_prefill_tokens, threads,
                                kv_budget_bytes=s.codec_kv_budget_mib << 20, max_draft=s.codec_max_draft,
-                               interleave_tokens=s.codec_interleave_tokens, machine_root=machine_root)
+                               interleave_tokens=s.codec_interleave_tokens, machine_root=machine_root,
+                               cuda_graphs=s.codec_cuda_graphs)
 
         # The second reader (rare: a segment an earlier release wrote here that fails its checksum) runs on
         # one torch thread, so the main worker stays the only thread using torch's OpenMP pool.

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
         "auto", description="Where the exact codec computes. auto: the engines' device if it passes the codec's "
         "start-up known answer (computes the CPU's integers), else the CPU; cuda: the GPU, and the codec is off "
         "with the reason if it fails the check.")
+    codec_cuda_graphs: bool = Field(
+        True, description="On a GPU, replay the exact codec's decode passes as CUDA graphs (one launch a pass "
+        "instead of ~1,500; the same integers). Off: every kernel launched from Python.")
     codec_kernels: Literal["fast", "reference"] = Field(
         "fast", description="Kernels of the exact codec: fast = the host's int8 GEMM where a load-time probe proves "
         "it exact, decode attention reading the integer KV cache directly and the elementwise chains compiled into "

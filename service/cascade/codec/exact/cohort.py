@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from cascade.codec.exact.cache import KVCache
+from cascade.codec.exact.graphs import GraphedVerify
 from cascade.codec.exact.model import ExactLlama
 
 GROW_POSITIONS = 64
@@ -28,10 +29,13 @@ class Cohort:
     pending token and, optionally, a draft of the tokens after it, in one multi-position pass
     (``ExactLlama.verify``); ``advance`` then keeps only the positions whose tokens were decoded.
     ``owners[i]`` is any object (the runner's job); rows of one owner stay in the order they joined.
+    With ``graphs``, passes run through ``GraphedVerify`` (fixed shapes, CUDA graphs on a GPU) and the
+    cache takes its rows' whole need at once.
     """
 
-    def __init__(self, model: ExactLlama) -> None:
+    def __init__(self, model: ExactLlama, graphs: bool = False) -> None:
         self.model = model
+        self.graphs = GraphedVerify(model) if graphs else None
         self.cache: KVCache | None = None
         self.owners: list[Any] = []
         self.lanes: list[int] = []
@@ -126,8 +130,11 @@ class Cohort:
             positions += range(length, length + 1 + len(draft))
         span = max(positions) + 1
         if span > self.capacity:
-            grown = min(max(span, self.capacity + GROW_POSITIONS), max(self.longest_need(), span))
-            self.cache.resize(grown)
+            # replayed graphs read the cache by address: a GPU cache takes the rows' whole need at once
+            block = self.longest_need() if self.graphs is not None else self.capacity + GROW_POSITIONS
+            self.cache.resize(min(max(span, block), max(self.longest_need(), span)))
+        if self.graphs is not None:
+            return self.graphs(tokens, rows, positions, self.cache), starts
         device = self.model.device
         hidden = self.model.verify(torch.tensor(tokens, dtype=torch.int64, device=device), self.cache,
                                    torch.tensor(rows, dtype=torch.int64, device=device),

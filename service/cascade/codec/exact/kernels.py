@@ -153,9 +153,11 @@ class Kernels(ABC):
 
         return attend
 
-    def cached_attention(self, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor) -> Attention:
-        """Decode and verify attention over ``cache`` (``attend_cached``)."""
-        span = int(positions.max()) + 1
+    def cached_attention(self, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor,
+                         span: int | None = None) -> Attention:
+        """Decode and verify attention over ``cache`` (``attend_cached``) up to position ``span``
+        (default: the furthest query's; a larger one attends to more masked keys, the same integers)."""
+        span = int(positions.max()) + 1 if span is None else span
         if span > cache.capacity:
             raise ValueError("a row's cache is full")
 
@@ -332,9 +334,10 @@ class CompiledKernels(Kernels):
         return fused.attend_cached(q, k, v, keys, values, cache_rows, positions, g.score_to_grid,
                                    self._constant(g.att_exp), V_UNIT)
 
-    def cached_attention(self, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor) -> Attention:
+    def cached_attention(self, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor,
+                         span: int | None = None) -> Attention:
         """The base class's, with the pass's rows and positions as arrays once instead of once per layer."""
-        return super().cached_attention(cache, fused.array(cache_rows), fused.array(positions))
+        return super().cached_attention(cache, fused.array(cache_rows), fused.array(positions), span)
 
     def packed_attention(self, lengths: list[int], cache: KVCache | None, rows: list[int] | None) -> Attention:
         """Prefill's attention runs torch operations on the compiled set's arrays (viewed as tensors)."""

@@ -353,8 +353,8 @@ class ExactLlama:
         return hidden
 
     @_exact_pass
-    def verify(self, tokens: torch.Tensor, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor
-               ) -> torch.Tensor:
+    def verify(self, tokens: torch.Tensor, cache: KVCache, cache_rows: torch.Tensor, positions: torch.Tensor,
+               span: int | None = None) -> torch.Tensor:
         """Token ``j`` at position ``positions[j]`` of cache row ``cache_rows[j]``; returns final hidden states.
 
         The multi-position pass of speculative decoding: a lane's fed token and its draft are queries of
@@ -363,11 +363,13 @@ class ExactLlama:
         exactly the hidden state a step-by-step decode (or a prefill) gives it: every row of the pass
         depends only on its own inputs and exact sums. Positions past a row's length must be consecutive
         from it; lengths are the caller's to set (only accepted positions count: later ones are
-        overwritten before they are read again, and masked until then)."""
+        overwritten before they are read again, and masked until then). ``span``: the positions attention
+        reads (default: up to the furthest query; ``graphs`` passes the capacity, a shape known in advance
+        — the extra keys are masked, so the integers are the same)."""
         self._check_cache(cache)
         positions = positions.to(device=self.device, dtype=torch.int64)
         cache_rows = cache_rows.to(device=self.device, dtype=torch.int64)
-        attention = self.kernels.cached_attention(cache, cache_rows, positions)
+        attention = self.kernels.cached_attention(cache, cache_rows, positions, span)
         return self._forward(tokens.to(self.device), positions, attention)
 
     @_exact_pass

@@ -60,7 +60,12 @@ def correctly_rounded_root(squares: torch.Tensor) -> torch.Tensor:
 
 
 def root(squares: torch.Tensor) -> torch.Tensor:
-    return machine_root(squares) if _MACHINE.get() else correctly_rounded_root(squares)
+    return machine_root(squares) if machine_active() else correctly_rounded_root(squares)
+
+
+def machine_active() -> bool:
+    """Whether this context computes with this machine's root (``machine``)."""
+    return _MACHINE.get()
 
 
 @contextmanager

@@ -265,14 +265,15 @@ class ExactRunner:
     ``machine_root``: the worker computes with this machine's torch square root (``root.machine``), as
     earlier releases did — the pipeline's second reading of a segment that failed its checksum;
     ``interleave_tokens``: compression prefill tokens per decoded row of a step while rows decode
-    (``_may_prefill``)."""
+    (``_may_prefill``); ``cuda_graphs``: on a GPU, decode passes replay as CUDA graphs (``graphs``)."""
 
     def __init__(self, model: ExactLlama, vocab_size: int, max_rows: int = 32, prefill_tokens: int = 8192,
                  threads: int | None = None, *, kv_budget_bytes: int | None = None, max_draft: int = 16,
                  draft_source: DraftSourceFactory = ngram_source, interleave_tokens: int = 16,
-                 pass_positions: int = 32, machine_root: bool = False) -> None:
+                 pass_positions: int = 32, machine_root: bool = False, cuda_graphs: bool = True) -> None:
         self.model = model
         self.machine_root = machine_root
+        self.cuda_graphs = cuda_graphs and not machine_root and model.device.type == "cuda"
         self.max_draft = max(0, max_draft)
         self.pass_positions = pass_positions
         self.interleave_tokens = max(1, interleave_tokens)
@@ -290,7 +291,7 @@ class ExactRunner:
         self._requests: dict[object, _Request] = {}
         self._arrivals = itertools.count()
         self._turns = itertools.count()
-        self._cohort = Cohort(model)
+        self._cohort = Cohort(model, self.cuda_graphs)
         self._live = 0
         self._wake = threading.Condition()
         self._closed = False
@@ -530,7 +531,7 @@ class ExactRunner:
                 logger.exception("codec runner failed")
                 for job in {*self._cohort.owners, *admitted, *(job for job, _ in chunk)}:
                     self._finish(job, error=exc)
-                self._cohort = Cohort(self.model)
+                self._cohort = Cohort(self.model, self.cuda_graphs)
             with self._wake:
                 self.stats.steps += 1
 
@@ -540,7 +541,7 @@ class ExactRunner:
             queued: list[_Job] = [job for r in self._requests.values() for job in (*r.encodes, *r.decodes)]
         for job in {*queued, *self._cohort.owners}:
             self._finish(job, error=closed)
-        self._cohort = Cohort(self.model)
+        self._cohort = Cohort(self.model, self.cuda_graphs)
 
     def _step(self, admitted: list[_DecodeJob], chunk: list[tuple[_EncodeJob, int]]) -> None:
         joining = []
