@@ -77,8 +77,6 @@ def main() -> None:
     parser.add_argument("--decode-max", type=int, default=1 << 30, help="larger sizes are only compressed")
     parser.add_argument("--no-graphs", action="store_true",
                         help="launch decode passes op by op (codec_cuda_graphs off)")
-    parser.add_argument("--profile", type=Path,
-                        help="write torch.profiler's op table of the first size's decompression here")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     fingerprint = model_fingerprint(str(args.model))
@@ -118,8 +116,6 @@ def main() -> None:
         print(f"| {size} | {tokens} | {c_s:.2f} | {tokens / c_s:.0f} | {d_s:.2f} | {tokens / d_s:.0f} | "
               f"{trip} | {peer_decodes} | {peer_equal} |", flush=True)
     print("\n".join(notes), flush=True)
-    if args.profile is not None:
-        profile_decompress(pipe, (args.out / f"{args.sizes.split(',')[0]}.cz").read_bytes(), args.profile)
     pipe.close()
     sys.exit(1 if failed else 0)
 
@@ -135,23 +131,6 @@ def decode_note(size: int, before: RunnerStats, runner: ExactRunner) -> str:
     return (f"{size} B decode: {steps} steps, {(s.decoded_tokens - before.decoded_tokens) / max(1, rows):.2f} "
             f"tokens per lane-step, model {s.model_seconds - before.model_seconds:.2f} s, pick "
             f"{s.pick_seconds - before.pick_seconds:.2f} s{captured}")
-
-
-def profile_decompress(pipe: CodecPipeline, container: bytes, out: Path) -> None:
-    """Where a decompression's time goes on this device: host-side time per op (launch and dispatch) and
-    device time per kernel, with the count of each, so a launch-bound decode shows as many calls."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        _, seconds = timed(decompress, pipe, container)
-    events = prof.key_averages()
-    tables = [f"decompression under the profiler: {seconds:.2f} s",
-              events.table(sort_by="self_cpu_time_total", row_limit=40)]
-    if torch.cuda.is_available():
-        tables.append(events.table(sort_by="self_cuda_time_total", row_limit=25))
-    out.write_text("\n\n".join(tables))
-    print("\n\n".join(tables)[:6000], flush=True)
 
 
 if __name__ == "__main__":
