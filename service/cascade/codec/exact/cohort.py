@@ -4,7 +4,9 @@ leave at any step, and the cache grows only as far as live rows have reached.
 The cache is one rectangle, rows × capacity positions. Capacity grows in blocks as rows advance and
 shrinks when rows leave, never beyond the longest position a live row may still need, so its size is
 at most ``rows × longest need × bytes per row-position`` — the quantity the runner admits against
-its budget. Reshaping (a row joins, rows leave, capacity grows) briefly holds a second copy.
+its budget. Reshaping (a row joins, rows leave, capacity grows) briefly holds a second copy. A cohort
+whose passes replay as CUDA graphs (``graphs``) takes that whole need at once: a graph reads the cache
+by address, so each growth would mean new graphs.
 """
 
 from __future__ import annotations
