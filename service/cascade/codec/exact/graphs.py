@@ -14,9 +14,9 @@ integer as it is:
 
 A shape's first pass runs eagerly (the warm-up a capture needs); after that it is captured once per
 cache layout and replayed while the cache's tensors stay the same (the cohort allocates a GPU cache at
-the rows' whole need at once, so that is until rows join or leave). Off a GPU, or under ``root.machine()`` (whose
-root is a host step), the same padded pass runs eagerly: that is what the CPU tests check against
-``ExactLlama.verify``.
+the rows' whole need at once, so that is until rows join or leave). Off a GPU, or under
+``root.machine()`` (whose root is a host step), the same padded pass runs eagerly: that is what the
+CPU tests check against ``ExactLlama.verify``.
 """
 
 from __future__ import annotations
@@ -68,9 +68,8 @@ class GraphedVerify:
                               dtype=torch.int64)
         if not self.capture or root.machine_active() or size not in self._warm:
             self._warm.add(size)  # a first pass of a shape runs eagerly: lazy set-up happens outside a capture
-            device = self.model.device
-            return self.model.verify(inputs[0].to(device), cache, inputs[1].to(device), inputs[2].to(device),
-                                     span=cache.capacity)[:n]
+            tokens_, rows_, positions_ = inputs.to(self.model.device)  # one copy to the device, not three
+            return self.model.verify(tokens_, cache, rows_, positions_, span=cache.capacity)[:n]
         self._forget_if_reshaped(cache)
         graph = self._graphs.get(size)
         if graph is None:
