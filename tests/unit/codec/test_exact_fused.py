@@ -147,6 +147,30 @@ def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -
 
 
 @needs_compiled
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, fused.STREAMED_ROWS + 2), st.integers(1, 700), st.integers(1, 80), st.integers(0, 2**31),
+       st.sampled_from(["random", "extremes"]))
+def test_the_streamed_int8_product_is_the_exact_integer_product(rows: int, k: int, n: int, seed: int,
+                                                                 values: str) -> None:
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randint(-127, 128, (rows, k), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    if values == "extremes":  # every product at ±127·127, the sums at their bound's sign
+        m[0::2], m[1::2], w[0::2], w[1::2] = 127, -127, 127, -127
+    got = torch.from_numpy(fused.int8_product(m, w))
+    assert got.dtype == torch.int32
+    assert torch.equal(got.to(torch.float64), m.to(torch.float64) @ w.to(torch.float64).t())
+
+
+@needs_compiled
+def test_the_streamed_int8_product_holds_the_longest_sums_int32_can() -> None:
+    k = (2**31 - 1) // (127 * 127)
+    m = torch.full((1, k), 127, dtype=torch.int8)
+    w = torch.stack([torch.full((k,), 127, dtype=torch.int8), torch.full((k,), -127, dtype=torch.int8)])
+    assert fused.int8_product(m, w).tolist() == [[127 * 127 * k, -127 * 127 * k]]
+
+
+@needs_compiled
 def test_the_compiled_kernels_hold_no_fused_multiply_add() -> None:
     assert fused._fused_instructions() == []
 
@@ -177,3 +201,4 @@ def test_the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) 
     hidden[0] = 0.0
     expected = rint_(model.logits_before_rounding(hidden).clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64)
     assert torch.equal(model.logits(hidden), expected)
+    assert torch.equal(model.logits(hidden[1:2]), expected[1:2])  # one row: the streamed product

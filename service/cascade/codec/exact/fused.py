@@ -242,6 +242,17 @@ try:
                 total = (float(acc[r, j]) * 128.0 + acc[rows + r, j]) * 128.0 + acc[2 * rows + r, j]
                 out[r, j] = np.int64(_rint(total * (step * scale[j])))
 
+    @numba.njit(parallel=True, nogil=True, cache=False, error_model="numpy", fastmath=False)
+    def _int8_product(m: Any, weight_rows: Any, out: Any) -> None:  # pragma: no cover - compiled
+        for j in prange(weight_rows.shape[0]):
+            w = weight_rows[j]
+            for r in range(m.shape[0]):
+                a = m[r]
+                total = 0
+                for i in range(w.shape[0]):
+                    total += np.int32(a[i]) * np.int32(w[i])
+                out[r, j] = total
+
     AVAILABLE = True
 except ImportError:  # pragma: no cover - numba is a pinned dependency; the torch path stays correct
     AVAILABLE = False
@@ -395,6 +406,29 @@ def integer_logits(acc: Array, steps: Array, scale: Array) -> Any:
     return out
 
 
+STREAMED_ROWS = 4
+"""Products of at most this many rows run as ``int8_product``; larger ones through the host's GEMM, which
+overtakes the streaming loop at ~5 rows on this machine (SmolLM2's 120 layer products: 1 row 7.3 → 4.4 ms,
+4 rows 9.3 → 6.9 ms, 8 rows 10.4 → 13.4 ms; benchmarks/RESULTS.md, "A one-row product streams the weights")."""
+
+
+def int8_product(m: Array, weight_rows: Array) -> Any:
+    """``m @ Wᵀ`` of int8 activations ``m (rows, K)`` and int8 weights ``weight_rows (N, K)`` → int32 ``(rows, N)``.
+
+    Why: a decode step of one row multiplies every weight once, so its products are a stream over
+    memory, and oneDNN's int8 GEMM streams a one-row product at half this loop's rate (~16 against
+    ~30 GB/s here). ``weight_rows`` is ``QuantLinear.weight``'s own storage (each output's weights
+    contiguous), so nothing is copied. Why exact on every machine: integer products summed as
+    integers, in any order and any instruction set; every sum is below 127·127·K < 2**31 (``K`` ≤
+    ``int8_gemm.INT32_TERMS``, checked by the caller and the audit), so the int32 result is the
+    product itself, as ``torch._int_mm`` and the float32 pieces give it."""
+    m, weight_rows = array(m), array(weight_rows)
+    out = np.empty((m.shape[0], weight_rows.shape[0]), dtype=np.int32)
+    _report("fused.int8_product", m, weight_rows)
+    dispatch.launch(_int8_product, m, weight_rows, out)
+    return out
+
+
 def _fused_instructions() -> list[str]:
     """FMA-like instructions in the machine code of every strict kernel (must be none)."""
     found = []
@@ -446,3 +480,4 @@ def _warm_up(float_products: bool) -> None:
                   torch.ones(5, dtype=torch.float64), V_UNIT)
     digits, steps = norm_digits(x, gain, 1e-6)
     integer_logits(digits.astype(np.int32), steps, scale)
+    int8_product(m, m)

@@ -33,7 +33,7 @@ import torch
 from cascade.codec.exact import fused, tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
-from cascade.codec.exact.int8_gemm import int8_matmul
+from cascade.codec.exact.int8_gemm import INT32_TERMS, int8_matmul
 from cascade.codec.exact.ops import QuantLinear, _scalar, quantize, rms_norm, silu
 
 Values = Any
@@ -301,7 +301,14 @@ class CompiledKernels(Kernels):
             hit = self._arrays[id(t)] = (t, fused.array(t))
         return hit[1]
 
-    def _product(self, linear: QuantLinear, m: Any) -> torch.Tensor:
+    def _weight_rows(self, linear: QuantLinear) -> Any:
+        """``linear``'s int8 weights as ``(out, in)`` rows: a view of their column-major storage."""
+        return self._constant(linear.rows)
+
+    def _product(self, linear: QuantLinear, m: Any) -> Values:
+        """``m @ W`` as exact integers: streamed (``fused.int8_product``) for a few rows, else the host's GEMM."""
+        if m.shape[0] <= fused.STREAMED_ROWS and linear.in_features <= INT32_TERMS:
+            return fused.int8_product(m, self._weight_rows(linear))
         return linear.product(torch.from_numpy(m))
 
     def to_tensor(self, x: Values) -> torch.Tensor:
@@ -349,10 +356,12 @@ class CompiledKernels(Kernels):
         return on_tensors
 
     def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
-        if not head.int8_gemm:
+        streamed = 3 * hidden.shape[0] <= fused.STREAMED_ROWS and head.in_features <= INT32_TERMS
+        if not (streamed or head.int8_gemm):
             return super().logits(hidden, gain, head)
         digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)
-        acc = int8_matmul(torch.from_numpy(digits), head.weight)
+        acc = (fused.int8_product(digits, self._weight_rows(head)) if streamed
+               else int8_matmul(torch.from_numpy(digits), head.weight))
         return torch.from_numpy(fused.integer_logits(acc, steps, self._constant(head.scale)))
 
 

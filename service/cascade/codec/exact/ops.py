@@ -62,6 +62,8 @@ class QuantLinear:
         step = int((FP32_EXACT - 1) // product)
         self.pieces = [(i, min(i + step, self.in_features)) for i in range(0, self.in_features, step)]
         self.weight = column_major(q.t().to(torch.int8).to(device))
+        self.rows = self.weight.t()
+        """The same int8 weights as ``(out, in)`` rows, contiguous (``fused.int8_product``'s operand)."""
         self.device = device
         self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
         self.int8_gemm = int8_gemm and int8_gemm_is_exact(self.device, self.in_features, self.out_features)
