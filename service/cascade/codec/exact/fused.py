@@ -248,7 +248,7 @@ try:
             w = weight_rows[j]
             for r in range(m.shape[0]):
                 a = m[r]
-                total = 0
+                total = np.int64(0)
                 for i in range(w.shape[0]):
                     total += np.int32(a[i]) * np.int32(w[i])
                 out[r, j] = total
