@@ -90,9 +90,9 @@ class Settings(BaseSettings):
         "instead of ~1,500; the same integers). Off: every kernel launched from Python.")
     codec_kernels: Literal["fast", "reference"] = Field(
         "fast", description="Kernels of the exact codec: fast = the host's int8 GEMM where a load-time probe proves "
-        "it exact, decode attention reading the integer KV cache directly and the elementwise chains compiled into "
-        "one loop each (CPU); reference = float32 GEMMs, float64 bmm and torch ops (the first release's). Both "
-        "compute the same integers.")
+        "it exact, products of up to 4 rows streamed over the int8 weights, decode attention reading the integer KV "
+        "cache directly and the elementwise chains compiled into one loop each (CPU); reference = float32 GEMMs, "
+        "float64 bmm and torch ops (the first release's). Both compute the same integers.")
     codec_segments_in_flight: int = Field(8, ge=1, description="Segments of one request coded concurrently.")
     codec_container_version: Literal[3, 4] = Field(
         4, description="Container format /compress writes: 4 codes a token outside the top-k under the model's "
