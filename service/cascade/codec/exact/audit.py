@@ -234,11 +234,6 @@ def _residual_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     return _integers_within(t[1], FP64_EXACT - 1, "integer sums")
 
 
-def _streamed_product(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """``fused.int8_product(m, weight_rows)``: operands on the ±127 grid, sums short enough for int32."""
-    return _int_mm_terms((t[0], t[1].t()), kwargs)
-
-
 _KERNEL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {
     "fused.attend_cached": _attended, "fused.qkv": _exact_sums, "fused.residual": _residual_sums,
     "fused.silu_quantize": _exact_sums, "fused.integer_logits": _exact_sums}
@@ -252,7 +247,7 @@ KERNELS: dict[str, Allowed] = {
                                   "(numba): int8 × int8 summed as integers, in any order and instruction set; "
                                   f"a sum of K ≤ {INT32_TERMS} products, each at most 127·127, stays below 2**31, so "
                                   "the int32 result is exact",
-                                  check=_streamed_product),
+                                  check=_int_mm_terms),
     "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
                                            "per row (numba): int64 arithmetic within its bounds, nothing rounds"),
     "frequencies.compiled_escape_tables": Allowed(frozenset({I64}), "the escape tables of frequencies.py (container "

@@ -294,7 +294,7 @@ def _roots(x: Any, eps: float, squares: Any | None = None) -> Any:
         squares = np.empty(x.shape[0])
         _report("fused.mean_squares", x)
         dispatch.launch(_mean_squares, x, float(eps), squares)
-    return root.root_of_array(squares)
+    return root.root(squares)
 
 
 def norm_quantize(x: Array, gain: Array, eps: float, squares: Array | None = None) -> tuple[Any, Any]:

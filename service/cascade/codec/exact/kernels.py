@@ -305,9 +305,14 @@ class CompiledKernels(Kernels):
         """``linear``'s int8 weights as ``(out, in)`` rows: a view of their column-major storage."""
         return self._constant(linear.rows)
 
+    @staticmethod
+    def _streams(rows: int, linear: QuantLinear) -> bool:
+        """Whether a product of ``rows`` int8 rows with ``linear`` runs as ``fused.int8_product``."""
+        return rows <= fused.STREAMED_ROWS and linear.in_features <= INT32_TERMS
+
     def _product(self, linear: QuantLinear, m: Any) -> Values:
         """``m @ W`` as exact integers: streamed (``fused.int8_product``) for a few rows, else the host's GEMM."""
-        if m.shape[0] <= fused.STREAMED_ROWS and linear.in_features <= INT32_TERMS:
+        if self._streams(m.shape[0], linear):
             return fused.int8_product(m, self._weight_rows(linear))
         return linear.product(torch.from_numpy(m))
 
@@ -356,7 +361,7 @@ class CompiledKernels(Kernels):
         return on_tensors
 
     def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
-        streamed = 3 * hidden.shape[0] <= fused.STREAMED_ROWS and head.in_features <= INT32_TERMS
+        streamed = self._streams(3 * hidden.shape[0], head)  # three int8 digit rows per hidden row
         if not (streamed or head.int8_gemm):
             return super().logits(hidden, gain, head)
         digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)

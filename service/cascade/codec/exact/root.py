@@ -19,8 +19,8 @@ wrote on this very machine, the reader decodes a segment that fails its checksum
 machine's root (``machine()``, ``codec.pipeline``): what an earlier release wrote here keeps
 decoding here byte for byte.
 
-- ``root(squares)``: the correctly rounded root, or ``machine_root`` inside ``machine()``
-  (``root_of_array``: the same for a numpy array).
+- ``root(squares)``: the correctly rounded root, or ``machine_root`` inside ``machine()`` (of a tensor or
+  a numpy array).
 - ``variant()``: a digest of this machine's root on a fixed sample, reported beside the known answer;
   ``machine_is_correctly_rounded()``: whether it equals the correctly rounded root there (then the
   second reading is skipped: it could not differ).
@@ -68,17 +68,19 @@ def correctly_rounded_root(squares: torch.Tensor | np.ndarray) -> torch.Tensor |
     return torch.from_numpy(np.sqrt(squares.detach().to(torch.float64).contiguous().numpy()))
 
 
-def root(squares: torch.Tensor) -> torch.Tensor:
-    return machine_root(squares) if machine_active() else correctly_rounded_root(squares)
-
-
-def root_of_array(squares: np.ndarray) -> np.ndarray:
-    """``root`` of a CPU float64 array (the compiled kernels' currency): numpy's correctly rounded root
-    straight on the array, as ``correctly_rounded_root`` takes it, without two conversions through torch
-    (a one-row decode step takes 61 roots)."""
-    if machine_active():
+@overload
+def root(squares: np.ndarray) -> np.ndarray: ...
+@overload
+def root(squares: torch.Tensor) -> torch.Tensor: ...
+def root(squares: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """The model's root. A CPU float64 array (the compiled kernels' currency) is answered as an array,
+    without two conversions through torch where the correctly rounded root takes it directly (a one-row
+    decode step takes 61 roots)."""
+    if not machine_active():
+        return correctly_rounded_root(squares)
+    if isinstance(squares, np.ndarray):
         return machine_root(torch.from_numpy(squares)).numpy()
-    return correctly_rounded_root(squares)
+    return machine_root(squares)
 
 
 def machine_active() -> bool:
