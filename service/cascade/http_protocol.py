@@ -6,6 +6,12 @@ Without them one client can make the server buffer a 64 MB header, send 10,000 h
 connection open forever by trickling a request line byte by byte. The limits act while bytes are
 parsed, before any request reaches the app, so a refused request costs at most ``max_header_bytes``
 of memory. (Slow *bodies* are the gateway middleware's job: it owns the admission slot they hold.)
+
+It also closes a connection the way a client can read: a handler may answer before the upload ended
+(a container refused by its first bytes, a 413), and closing a socket with request bytes still
+unread makes the kernel send a reset that can destroy the answer on its way to the client. So the
+protocol lingers: it sends its answer and a FIN, reads and discards what the client still sends for
+up to ``LINGER_SECONDS``, and closes then (or when the client closes first).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -25,6 +31,44 @@ class HeaderLimits:
     max_bytes: int
     max_count: int
     timeout: float
+
+
+LINGER_SECONDS = 5.0
+
+
+class LingeringTransport:
+    """The connection's transport, whose ``close`` lingers while the request body is still arriving
+    (see the module docstring); every other attribute is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, body_unread: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._body_unread = body_unread
+        self._loop = loop
+        self._timer: asyncio.TimerHandle | None = None
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        if self.lingering or self._transport.is_closing() or not self._body_unread() \
+                or not self._transport.can_write_eof():
+            self.abandon()
+            return
+        self.lingering = True
+        self._transport.resume_reading()
+        self._transport.write_eof()
+        self._timer = self._loop.call_later(LINGER_SECONDS, self.abandon)
+
+    def abandon(self) -> None:
+        """Close now, lingering or not."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._transport.close()
 
 
 class HeaderLimitError(Exception):
@@ -48,14 +92,21 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self._lingering = LingeringTransport(transport, self._body_unread, self.loop)
+        super().connection_made(cast(asyncio.Transport, self._lingering))
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._lingering.abandon()
         super().connection_lost(exc)
 
+    def _body_unread(self) -> bool:
+        return self.cycle is not None and self.cycle.more_body and not self._in_headers
+
     def data_received(self, data: bytes) -> None:
+        if self._lingering.lingering:
+            return
         super().data_received(data)
         if self._in_headers and not self.transport.is_closing():
             self._header_bytes += len(data)

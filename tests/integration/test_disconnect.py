@@ -52,6 +52,14 @@ def _runner_requests(service: Service) -> int:
     return int(live_state(service)["engines"]["main"]["runner_requests"])
 
 
+def _outcome(task: asyncio.Task[httpx.Response]) -> str:
+    """How a request that should still be running ended: its status and body, or its exception."""
+    if (exc := task.exception()) is not None:
+        return repr(exc)
+    response = task.result()
+    return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
 def test_dropped_stream_aborts_engine_request(service: Service) -> None:
     body: dict[str, Any] = {"model": MODEL, "prompt": "def f():\n", "max_tokens": LONG, "temperature": 1.0,
                             "ignore_eos": True, "stream": True}
@@ -77,10 +85,10 @@ def test_dropped_plain_requests_abort_their_engine_requests(service: Service) ->
         async with httpx.AsyncClient(base_url=service.base_url, headers=service.headers, timeout=300) as client:
             tasks = [asyncio.create_task(client.post("/v1/completions", json={**body, "seed": i}))
                      for i in range(dropped)]
-            await wait_for_async(lambda: _runner_requests(service) >= dropped, 60,
-                                 f"{dropped} plain requests generating in the engine",
-                                 detail=lambda: live_state(service)["engines"])
-            assert not any(task.done() for task in tasks), [task.result() for task in tasks if task.done()]
+            await wait_for_async(lambda: any(task.done() for task in tasks) or _runner_requests(service) >= dropped,
+                                 60, f"{dropped} plain requests generating in the engine",
+                                 detail=lambda: live_state(service))
+            assert not any(task.done() for task in tasks), [_outcome(task) for task in tasks if task.done()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -21,7 +21,7 @@ from cascade.engine.types import EngineFailedError
 from cascade.http_protocol import HeaderLimits, limited_protocol
 from cascade.settings import Settings
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 SETTINGS = {"max_header_bytes": 8192, "max_headers": 40, "header_timeout_seconds": 1.0,
             "body_timeout_seconds": 1.0, "request_timeout_seconds": 2.0}
@@ -63,6 +63,12 @@ def _add_test_routes(app: FastAPI) -> None:
                 yield chunk[:1]
 
         return BodyThenDisconnectResponse(parts(), done)
+
+    @app.post("/v1/refuse-by-first-chunk")
+    async def refuse_by_first_chunk(request: Request) -> JSONResponse:
+        """Like /decompress of a non-container: refused by its first bytes, the rest never read."""
+        first = await anext(aiter(request.stream()))
+        return JSONResponse({"error": {"message": f"{first!r} is not a container"}}, status_code=400)
 
     @app.get("/v1/slow")
     async def slow() -> dict[str, str]:
@@ -279,3 +285,21 @@ def test_a_request_that_cannot_be_parsed_is_a_400_in_openais_shape(server: tuple
     head, _, body = reply.partition(b"\r\n\r\n")
     assert _status(reply) == 400 and b"content-type: application/json" in head.lower(), reply
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
+
+
+def test_an_answer_given_before_the_upload_ended_reaches_the_client_whole(server: tuple[str, int, FastAPI]) -> None:
+    """Closing with request bytes unread would reset the connection, and a reset can destroy the answer
+    on its way: the server sends its answer and a FIN, then reads and drops what still arrives."""
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/refuse-by-first-chunk HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n7\r\ngarbage\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+        assert _status(reply) == 400 and b"is not a container" in reply, reply
+        for _ in range(64):  # the upload goes on after the answer: each byte is read, none reset
+            sock.sendall(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(1) == b""
