@@ -3,7 +3,11 @@ where the compiler would contract operations into fused multiply-adds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -58,6 +62,16 @@ def linear_case(draw: st.DrawFn) -> tuple[torch.Tensor, QuantLinear, bool]:
     return rows_of(draw, rows, width, seed), linear, draw(st.booleans())
 
 
+@contextlib.contextmanager
+def row_launches(parallel: bool) -> Iterator[None]:
+    """Every row kernel launched in parallel, or every one serially (in service one row runs serially)."""
+    def launch(kernel: Any, rows: int, *args: Any) -> None:
+        (kernel.parallel if parallel else kernel.serial)(*args)
+
+    with mock.patch.object(fused._RowKernel, "__call__", launch):
+        yield
+
+
 def tensors(*arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
     """The fused kernels' results (numpy arrays, the compiled set's values) as tensors."""
     return tuple(torch.from_numpy(a) for a in arrays)
@@ -70,10 +84,14 @@ def exact_product(m: torch.Tensor, linear: QuantLinear, as_int32: bool) -> torch
 
 @needs_compiled
 @settings(max_examples=60, deadline=None)
-@given(linear_case())
+@given(linear_case(), st.booleans())
 def test_norm_quantize_and_residual_equal_the_torch_rmsnorm_and_linear_layer(
-        case: tuple[torch.Tensor, QuantLinear, bool]) -> None:
-    x, linear, as_int32 = case
+        case: tuple[torch.Tensor, QuantLinear, bool], parallel: bool) -> None:
+    with row_launches(parallel):
+        _norm_quantize_and_residual_equal_the_torch_path(*case)
+
+
+def _norm_quantize_and_residual_equal_the_torch_path(x: torch.Tensor, linear: QuantLinear, as_int32: bool) -> None:
     gain = 1 + torch.linspace(-0.5, 0.5, x.shape[1], dtype=torch.float64)
     m, steps = tensors(*fused.norm_quantize(x, gain, 1e-6))
     expected_m, expected_steps = reference_quantize(rms_norm(x, gain, 1e-6))
@@ -100,11 +118,17 @@ def test_the_fused_rmsnorm_takes_torchs_square_root_which_exact_llama_1_is_defin
 
 @needs_compiled
 @settings(max_examples=40, deadline=None)
-@given(linear_case())
-def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor, QuantLinear, bool]) -> None:
+@given(linear_case(), st.booleans())
+def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor, QuantLinear, bool],
+                                                       parallel: bool) -> None:
     x, linear, as_int32 = case
     if linear.out_features % 2:
         return
+    with row_launches(parallel):
+        _silu_quantize_equals_the_torch_path(x, linear, as_int32)
+
+
+def _silu_quantize_equals_the_torch_path(x: torch.Tensor, linear: QuantLinear, as_int32: bool) -> None:
     m, steps = tensors(*fused.quantize(x))
     assert torch.equal(m.to(torch.float64), reference_quantize(x)[0])
     acc = exact_product(m, linear, as_int32)
@@ -117,8 +141,14 @@ def test_silu_quantize_equals_the_torch_mlp_activation(case: tuple[torch.Tensor,
 
 
 @needs_compiled
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str) -> None:
+def test_qkv_and_cached_attention_equal_the_torch_path_of_the_model(name: str, parallel: bool) -> None:
+    with row_launches(parallel):
+        _qkv_and_cached_attention_equal_the_torch_path(name)
+
+
+def _qkv_and_cached_attention_equal_the_torch_path(name: str) -> None:
     model = load(name, kernels="reference")
     c = model.config
     layer = model.layers[0]
@@ -192,8 +222,14 @@ def test_a_host_whose_compiler_contracts_operations_keeps_torchs_operations_with
 
 
 @needs_compiled
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 @pytest.mark.parametrize("name", ["pycoder-23m", *CONFIGS])
-def test_the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> None:
+def test_the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str, parallel: bool) -> None:
+    with row_launches(parallel):
+        _the_fused_output_layer_gives_the_torch_paths_integer_logits(name)
+
+
+def _the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> None:
     model = load(name)
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(37, model.config.hidden_size, generator=g, dtype=torch.float64)
