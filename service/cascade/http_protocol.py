@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -40,7 +41,8 @@ class LingeringTransport:
     """The connection's transport, whose ``close`` lingers while the request body is still arriving
     (see the module docstring); every other attribute is the transport's own."""
 
-    def __init__(self, transport: asyncio.Transport, body_unread: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, body_unread: Callable[[], bool],
+                 loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._body_unread = body_unread
         self._loop = loop
