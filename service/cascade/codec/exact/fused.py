@@ -331,7 +331,7 @@ def norm_quantize(x: Array, gain: Array, eps: float, squares: Array | None = Non
     m = np.empty((rows, n), dtype=np.int8)
     steps = np.empty(rows)
     _report("fused.norm_quantize", x, roots, gain)
-    _norm_quantize(x.shape[0], x, roots, gain, np.empty((rows, n)), m, steps)
+    _norm_quantize(rows, x, roots, gain, np.empty((rows, n)), m, steps)
     return m, steps
 
 
@@ -362,7 +362,7 @@ def silu_quantize(acc: Array, steps: Array, scale: Array, bias: Array | None, ta
     m = np.empty((rows, inter), dtype=np.int8)
     next_steps = np.empty(rows)
     _report("fused.silu_quantize", acc, steps, scale, table)
-    _silu_quantize(acc.shape[0], acc, steps, scale, _bias(bias), table, np.empty((rows, inter)), m, next_steps)
+    _silu_quantize(rows, acc, steps, scale, _bias(bias), table, np.empty((rows, inter)), m, next_steps)
     return m, next_steps
 
 
@@ -375,7 +375,7 @@ def qkv(acc: Array, steps: Array, scale: Array, bias: Array | None, positions: A
     k = np.empty((rows, kv_heads, dim))
     v = np.empty((rows, kv_heads, dim))
     _report("fused.qkv", acc, steps, scale, positions, cos, sin)
-    _qkv(acc.shape[0], acc, steps, scale, _bias(bias), positions, cos, sin, float(qk_limit), float(v_limit), q, k, v)
+    _qkv(rows, acc, steps, scale, _bias(bias), positions, cos, sin, float(qk_limit), float(v_limit), q, k, v)
     return q, k, v
 
 
@@ -417,7 +417,7 @@ def norm_digits(x: Array, gain: Array, eps: float) -> tuple[Any, Any]:
     digits = np.empty((3 * rows, n), dtype=np.int8)
     steps = np.empty(rows)
     _report("fused.norm_digits", x, roots, gain)
-    _norm_digits(x.shape[0], x, roots, gain, np.empty((rows, n)), digits, steps)
+    _norm_digits(rows, x, roots, gain, np.empty((rows, n)), digits, steps)
     return digits, steps
 
 
