@@ -12,7 +12,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from cascade.codec.exact import fused, tables
+from cascade.codec.exact import dispatch, fused, tables
+from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import ACT8, RINT_LIMIT, rint_
 from cascade.codec.exact.kernels import TorchKernels
 from cascade.codec.exact.ops import QuantLinear, rms_norm, silu
@@ -238,3 +239,59 @@ def _the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> N
     expected = rint_(model.logits_before_rounding(hidden).clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64)
     assert torch.equal(model.logits(hidden), expected)
     assert torch.equal(model.logits(hidden[1:2]), expected[1:2])  # one row: the streamed product
+
+
+@contextlib.contextmanager
+def step_by_step() -> Iterator[None]:
+    """Every layer run step by step, as under the op audit (an observer is listening)."""
+    def listen(name: str, operands: tuple[torch.Tensor, ...]) -> None:
+        assert name != "fused.cached_layer"
+
+    dispatch.observers.append(listen)
+    try:
+        yield
+    finally:
+        dispatch.observers.remove(listen)
+
+
+@needs_compiled
+@pytest.mark.parametrize("name", ["pycoder-23m", *CONFIGS])
+def test_a_layer_of_a_few_cached_rows_in_one_launch_equals_the_layer_step_by_step(name: str) -> None:
+    model = load(name)
+    g = torch.Generator().manual_seed(11)
+    vocab = model.config.vocab_size
+    contexts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 9, 40, 23)]
+    cache = model.allocate_cache(4, 64)
+    model.prefill(contexts, cache, [0, 1, 2, 3])
+    for rows, positions in [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 1)]:
+        row_ids = torch.tensor([r for r in (3, 0, 2, 1)[:rows] for _ in range(positions)])
+        at = torch.cat([cache.lengths[r] + torch.arange(positions) for r in (3, 0, 2, 1)[:rows]])
+        tokens = torch.randint(0, vocab, (rows * positions,), generator=g)
+        fast_cache, steps_cache = (KVCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values],
+                                           cache.lengths.clone()) for _ in range(2))
+        with mock.patch.object(fused, "cached_layer", wraps=fused.cached_layer) as one_launch:
+            fast = model.verify(tokens, fast_cache, row_ids, at)
+        streamed = rows * positions <= fused.STREAMED_ROWS  # larger passes run their products as GEMMs
+        assert one_launch.call_count == (model.config.num_layers if streamed else 0)
+        with step_by_step():
+            steps = model.verify(tokens, steps_cache, row_ids, at)
+        assert torch.equal(fast, steps), (rows, positions)
+        assert all(torch.equal(a, b) for a, b in zip(fast_cache.keys + fast_cache.values,
+                                                     steps_cache.keys + steps_cache.values, strict=True))
+
+
+@needs_compiled
+def test_the_op_audit_refuses_a_layer_in_one_launch_it_cannot_look_into() -> None:
+    from cascade.codec.exact.audit import OpAudit
+
+    model = load("llama-mha")
+    cache = model.allocate_cache(1, 16)
+    model.prefill([[1, 2, 3]], cache, [0])
+    with OpAudit() as audit:
+        model.step(torch.tensor([4]), cache)
+    assert "fused.cached_layer" not in audit.calls and not audit.violations
+    with OpAudit() as audit:
+        fused.cached_layer(np.zeros((1, 48)), np.ones(1), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64),
+                           cache.keys[0], cache.values[0], model.kernels._layer_arrays(model.layers[0]),
+                           *model.kernels._tables, 3, 8.0, 8.0, 1e-6, 1.0, 1024.0)
+    assert audit.violations == {"fused.cached_layer: not a reviewed kernel"}

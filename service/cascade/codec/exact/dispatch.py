@@ -49,11 +49,11 @@ def on_host() -> bool:
     return getattr(_host, "depth", 0) > 0
 
 
-def launch(kernel: Any, *args: Any) -> None:
-    """Run the numba ``kernel`` on as many threads as torch uses in this thread. Numba's OpenMP start-up
-    resets the calling thread's OpenMP thread count (measured: torch 1 → 2 after the first launch), which
-    would undo ``codec_threads`` and the single-threaded loading: the caller's count is put back. Numba's
-    own count is set only when it changes (a decode step launches ~300 kernels). Calls are serialised:
+def launch(kernel: Any, *args: Any) -> Any:
+    """Run the numba ``kernel`` on as many threads as torch uses in this thread, and return its result.
+    Numba's OpenMP start-up resets the calling thread's OpenMP thread count (measured: torch 1 → 2
+    after the first launch), which would undo ``codec_threads`` and the single-threaded loading: the
+    caller's count is put back. Numba's own count is set only when it changes. Calls are serialised:
     numba's default thread pool does not take concurrent launches."""
     threads = torch.get_num_threads()
     wanted = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -61,6 +61,7 @@ def launch(kernel: Any, *args: Any) -> None:
         if getattr(_host, "numba_threads", None) != wanted:  # numba's count is per thread, and only set here
             numba.set_num_threads(wanted)
             _host.numba_threads = wanted
-        kernel(*args)
+        result = kernel(*args)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    return result

@@ -1,7 +1,7 @@
 """The kernel sets the exact model's one layer loop runs on: torch operations on any device, or the
 compiled loops on the CPU. Chosen once, at load (``select_kernels``); both compute the same integers.
 
-A layer is seven steps (``model.ExactLlama._forward``), each a method here::
+A layer (``Kernels.layer``, run by ``model.ExactLlama._forward``'s one loop) is seven steps, each a method here::
 
     a = norm_quantize(x, attn_norm)              RMSNorm, then the ±127 activation grid
     q, k, v = qkv(qkv_linear, a, positions)       the stacked q/k/v GEMM, RoPE, the 2**-10 grids
@@ -17,7 +17,8 @@ integers and their grid step (float64 integers and an ``(n, 1)`` step for the to
 ``(n,)`` for the compiled one — each set reads only its own). ``TorchKernels`` is the definition:
 every operation a reviewed aten op (``audit``), on the model's device (the GPU path).
 ``CompiledKernels`` (``fused``: numba, CPU) performs per element the very same IEEE operations in
-the same order, and reads the int32 cache directly.
+the same order, and reads the int32 cache directly; a layer of a few cached rows (decode steps and
+drafts' verify passes) runs its seven steps' compiled kernels in one launch (``fused.cached_layer``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from cascade.codec.exact import fused, tables
+from cascade.codec.exact import dispatch, fused, root, tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
 from cascade.codec.exact.int8_gemm import INT32_TERMS, int8_matmul
@@ -44,6 +45,27 @@ Attention = Callable[[int, Values, Values, Values], Activations]
 _QUERY_BLOCK = 128
 _SCORE_ELEMENTS = 1 << 22
 _KV_BLOCK_ELEMENTS = 1 << 18
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One decoder layer as the exact pass holds it: RMSNorm gains (float64) and quantised linear layers
+    (q/k/v and gate/up stacked: every output channel is quantised and summed on its own, so stacking
+    changes no bit and saves passes)."""
+
+    attn_norm: torch.Tensor
+    qkv: QuantLinear
+    o: QuantLinear
+    mlp_norm: torch.Tensor
+    gate_up: QuantLinear
+    down: QuantLinear
+
+    def linears(self) -> list[QuantLinear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+    def nbytes(self) -> int:
+        return (sum(q.nbytes() for q in self.linears())
+                + sum(t.numel() * t.element_size() for t in (self.attn_norm, self.mlp_norm)))
 
 
 @dataclass(frozen=True)
@@ -99,6 +121,15 @@ class Kernels(ABC):
     def to_tensor(self, x: Values) -> torch.Tensor:
         """A pass's result (the final hidden states) as a tensor."""
         return x
+
+    def layer(self, li: int, layer: Layer, x: Values, squares: Values | None, positions: Values,
+              attention: Attention) -> tuple[Values, Values | None]:
+        """Decoder layer ``li`` of ``x`` at ``positions``: its seven steps (module docstring); returns its
+        output and (compiled set) that output's ``mean_square + eps`` for the next RMSNorm."""
+        q, keys, values = self.qkv(layer.qkv, self.norm_quantize(x, layer.attn_norm, squares), positions)
+        x, squares = self.residual(x, layer.o, attention(li, q, keys, values))
+        a = self.silu_quantize(layer.gate_up, self.norm_quantize(x, layer.mlp_norm, squares))
+        return self.residual(x, layer.down, a)
 
     @abstractmethod
     def norm_quantize(self, x: Values, gain: torch.Tensor, squares: Values | None = None
@@ -160,11 +191,7 @@ class Kernels(ABC):
         span = int(positions.max()) + 1 if span is None else span
         if span > cache.capacity:
             raise ValueError("a row's cache is full")
-
-        def attend(li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Activations:
-            return self.attend_cached(q, k, v, cache.keys[li], cache.values[li], cache_rows, positions, span)
-
-        return attend
+        return CachedAttention(self, cache, cache_rows, positions, span)
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal self-attention of one sequence: q (kv_heads, group, L, D), k/v (kv_heads, L, D).
@@ -201,6 +228,22 @@ class Kernels(ABC):
         last = float(self.g.att_exp.shape[0] - 1)
         index = rint_(torch.sub(top, scores, out=scores).mul_(self.g.score_to_grid).clamp_(max=last))
         return self.g.att_exp[index.to(torch.int64)]
+
+
+@dataclass(frozen=True)
+class CachedAttention:
+    """Decode and verify attention (``Kernels.cached_attention``): query ``j`` is position ``positions[j]``
+    of cache row ``cache_rows[j]``, and attends to that row's positions up to it (of the first ``span``)."""
+
+    kernels: Kernels
+    cache: KVCache
+    cache_rows: Values
+    positions: Values
+    span: int
+
+    def __call__(self, li: int, q: Values, k: Values, v: Values) -> Activations:
+        return self.kernels.attend_cached(q, k, v, self.cache.keys[li], self.cache.values[li], self.cache_rows,
+                                          self.positions, self.span)
 
 
 def logits_before_rounding(hidden: torch.Tensor, gain: torch.Tensor, eps: float, head: QuantLinear
@@ -291,6 +334,9 @@ class CompiledKernels(Kernels):
     def __init__(self, geometry: Geometry) -> None:
         super().__init__(geometry)
         self._arrays: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._layers: dict[int, tuple[Layer, tuple[Any, ...]]] = {}
+        g = geometry
+        self._tables = tuple(self._constant(t) for t in (g.cos, g.sin, g.att_exp, g.sigmoid))
 
     def _constant(self, t: torch.Tensor | None) -> Any:
         """A constant's array view, made once (the tensor is kept, so its id is not reused)."""
@@ -318,6 +364,37 @@ class CompiledKernels(Kernels):
 
     def to_tensor(self, x: Values) -> torch.Tensor:
         return x if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+
+    def layer(self, li: int, layer: Layer, x: Values, squares: Values | None, positions: Values,
+              attention: Attention) -> tuple[Values, Values | None]:
+        """The seven steps in one compiled launch (``fused.cached_layer``) where they all run here on a few
+        cached rows; else step by step. Step by step also under the op audit, which checks each kernel's
+        operands, and with this machine's root (``root.machine``: not the compiled one)."""
+        rows = x.shape[0]
+        if (not isinstance(attention, CachedAttention) or dispatch.observers or root.machine_active()
+                or not all(self._streams(rows, linear) for linear in layer.linears())):
+            return super().layer(li, layer, x, squares, positions, attention)
+        g = self.g
+        x = fused.array(x)
+        if squares is None:
+            squares = fused.mean_squares(x, g.rms_norm_eps)
+        cos, sin, att_exp, sigmoid = self._tables
+        return fused.cached_layer(x, squares, attention.positions, attention.cache_rows, attention.cache.keys[li],
+                                  attention.cache.values[li], self._layer_arrays(layer), cos, sin, att_exp, sigmoid,
+                                  g.num_heads, g.qk_limit, g.v_limit, g.rms_norm_eps, g.score_to_grid, V_UNIT)
+
+    def _layer_arrays(self, layer: Layer) -> tuple[Any, ...]:
+        """``layer``'s constants in ``fused.cached_layer``'s order, made once."""
+        hit = self._layers.get(id(layer))
+        if hit is None:
+            arrays: list[Any] = [self._constant(layer.attn_norm), *self._linear_arrays(layer.qkv),
+                                 *self._linear_arrays(layer.o), self._constant(layer.mlp_norm),
+                                 *self._linear_arrays(layer.gate_up), *self._linear_arrays(layer.down)]
+            hit = self._layers[id(layer)] = (layer, tuple(arrays))
+        return hit[1]
+
+    def _linear_arrays(self, linear: QuantLinear) -> tuple[Any, Any, Any]:
+        return self._weight_rows(linear), self._constant(linear.scale), fused.bias_array(self._constant(linear.bias))
 
     def norm_quantize(self, x: Values, gain: torch.Tensor, squares: Values | None = None) -> Activations:
         return fused.norm_quantize(x, self._constant(gain), self.g.rms_norm_eps, squares)

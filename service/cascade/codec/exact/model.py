@@ -55,7 +55,15 @@ import torch
 from cascade.codec.exact import tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import ACT8, ACT16
-from cascade.codec.exact.kernels import Attention, Geometry, Kernels, Values, logits_before_rounding, select_kernels
+from cascade.codec.exact.kernels import (
+    Attention,
+    Geometry,
+    Kernels,
+    Layer,
+    Values,
+    logits_before_rounding,
+    select_kernels,
+)
 from cascade.codec.exact.ops import QuantLinear, UnsupportedModelError
 
 P = ParamSpec("P")
@@ -180,27 +188,6 @@ def _exact_pass(method: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-@dataclass(frozen=True)
-class Layer:
-    """One decoder layer as the exact pass holds it: RMSNorm gains (float64) and quantised linear layers
-    (q/k/v and gate/up stacked: every output channel is quantised and summed on its own, so stacking
-    changes no bit and saves passes)."""
-
-    attn_norm: torch.Tensor
-    qkv: QuantLinear
-    o: QuantLinear
-    mlp_norm: torch.Tensor
-    gate_up: QuantLinear
-    down: QuantLinear
-
-    def linears(self) -> list[QuantLinear]:
-        return [self.qkv, self.o, self.gate_up, self.down]
-
-    def nbytes(self) -> int:
-        return (sum(q.nbytes() for q in self.linears())
-                + sum(t.numel() * t.element_size() for t in (self.attn_norm, self.mlp_norm)))
-
-
 class ExactLlama:
     """The exact forward pass: ``prefill`` (whole sequences), ``step`` (one token per cached row) and
     ``verify`` (several positions of cached rows) — one layer loop (``_forward``) with other positions.
@@ -315,10 +302,7 @@ class ExactLlama:
         x: Values = self.embed[tokens].to(torch.float64)
         squares: Values | None = None
         for li, layer in enumerate(self.layers):
-            q, keys, values = k.qkv(layer.qkv, k.norm_quantize(x, layer.attn_norm, squares), positions)
-            x, squares = k.residual(x, layer.o, attention(li, q, keys, values))
-            a = k.silu_quantize(layer.gate_up, k.norm_quantize(x, layer.mlp_norm, squares))
-            x, squares = k.residual(x, layer.down, a)
+            x, squares = k.layer(li, layer, x, squares, positions, attention)
             if self.trace is not None:
                 self.trace(f"layer{li}", k.to_tensor(x))
         return k.to_tensor(x)
