@@ -295,3 +295,18 @@ def test_the_op_audit_refuses_a_layer_in_one_launch_it_cannot_look_into() -> Non
                            cache.keys[0], cache.values[0], model.kernels._layer_arrays(model.layers[0]),
                            *model.kernels._tables, 3, 8.0, 8.0, 1e-6, 1.0, 1024.0)
     assert audit.violations == {"fused.cached_layer: not a reviewed kernel"}
+
+
+@needs_compiled
+def test_a_second_reading_with_this_machines_root_runs_every_layer_step_by_step() -> None:
+    from cascade.codec.exact import root
+
+    model = load("llama-mha")
+    cache = model.allocate_cache(1, 16)
+    model.prefill([[1, 2, 3]], cache, [0])
+    with mock.patch.object(fused, "cached_layer", wraps=fused.cached_layer) as one_launch:
+        with root.machine():
+            model.step(torch.tensor([4]), cache)
+        assert one_launch.call_count == 0  # the compiled layer takes IEEE's root, not this machine's
+        model.step(torch.tensor([5]), cache)
+        assert one_launch.call_count == model.config.num_layers
