@@ -34,6 +34,17 @@ from cascade.codec.exact.grid import ACT8, ACT16, DIGIT, MASKED, QK_UNIT, RINT_L
 logger = logging.getLogger("cascade.codec")
 _FMA = re.compile(r"\bv?f(n)?m(add|sub)\w*|\bfmla\b|\bfmls\b", re.IGNORECASE)
 
+
+def _serially(rows: int) -> bool:
+    """Whether a launch over ``rows`` runs its row loop serially: one row has nothing to split (``_RowKernel``)."""
+    return rows < 2
+
+
+def _split_heads(rows: int, kv_heads: int) -> bool:
+    """Whether ``_attend_cached`` makes each query head a task (too few rows × kv heads for the threads)."""
+    return rows * kv_heads < 2 * torch.get_num_threads()
+
+
 try:
     import numba
     from numba import prange
@@ -61,7 +72,7 @@ try:
 
         def __call__(self, rows: int, *args: Any) -> None:
             """Run on ``args``, whose ``rows`` the parallel variant would split."""
-            if rows < 2:
+            if _serially(rows):
                 self.serial(*args)
             else:
                 dispatch.launch(self.parallel, *args)
@@ -468,7 +479,7 @@ def attend_cached(q: Array, k: Array, v: Array, keys: Array, values: Array, cach
     steps = np.empty(rows)
     _report("fused.attend_cached", q, k, v, keys, values, cache_rows, positions, table)
     dispatch.launch(_attend_cached, q, k, v, cache_rows, positions, keys, values, float(to_grid), table, float(unit),
-                    rows * k.shape[1] < 2 * torch.get_num_threads(), np.empty((rows, heads * dim)), m, steps)
+                    _split_heads(rows, k.shape[1]), np.empty((rows, heads * dim)), m, steps)
     return m, steps
 
 
@@ -512,10 +523,9 @@ def cached_layer(x: Array, squares: Array, positions: Array, cache_rows: Array, 
     x, squares, keys, values = array(x), array(squares), array(keys), array(values)
     rows = x.shape[0]
     _report("fused.cached_layer", x, squares)
-    split = rows * keys.shape[1] < 2 * torch.get_num_threads()
-    return dispatch.launch(_cached_layer[rows < 2], x, squares, positions, cache_rows, keys, values, *layer, cos,
-                           sin, att_table, sig_table, int(heads), float(qk_limit), float(v_limit), float(eps),
-                           float(to_grid), float(unit), split)
+    return dispatch.launch(_cached_layer[_serially(rows)], x, squares, positions, cache_rows, keys, values, *layer,
+                           cos, sin, att_table, sig_table, int(heads), float(qk_limit), float(v_limit), float(eps),
+                           float(to_grid), float(unit), _split_heads(rows, keys.shape[1]))
 
 
 STREAMED_ROWS = 4
