@@ -14,7 +14,7 @@ import pytest
 import torch
 from cascade.codec.exact import dispatch, fused, tables
 from cascade.codec.exact.cache import KVCache
-from cascade.codec.exact.grid import ACT8, RINT_LIMIT, rint_
+from cascade.codec.exact.grid import ACT8, BYTE_TERMS, RINT_LIMIT, rint_
 from cascade.codec.exact.kernels import TorchKernels
 from cascade.codec.exact.ops import QuantLinear, rms_norm, silu
 from hypothesis import given, settings
@@ -202,6 +202,47 @@ def test_the_streamed_int8_product_holds_the_longest_sums_int32_can() -> None:
 
 
 @needs_compiled
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 700), st.integers(1, 60), st.integers(0, 2**31),
+       st.sampled_from(["random", "flat", "signs", "spread"]))
+def test_the_output_layer_in_two_digits_gives_the_three_digit_integer_logits(rows: int, k: int, n: int, seed: int,
+                                                                              values: str) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g, dtype=torch.float64) * 4
+    if values == "flat":  # every element at +32,767: every one needs a correction
+        x[0] = 3.0
+    elif values == "signs":  # ±32,767: the lowest top digit (−128) and corrections side by side
+        x[0] = torch.where(torch.arange(k) % 2 == 0, 3.0, -3.0)
+    elif values == "spread":
+        x *= torch.tensor(10.0, dtype=torch.float64) ** torch.randint(-3, 4, (rows, k), generator=g)
+    gain = torch.rand(k, generator=g, dtype=torch.float64) + 0.5
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, generator=g, dtype=torch.float64) * 1e-3
+    three, steps3 = fused.norm_digits(x, gain, 1e-6)
+    digits, steps, fix_index, fix_value, fix_count = fused.norm_bytes(x, gain, 1e-6)
+    assert np.array_equal(steps, steps3)
+    m3 = ((three[:rows].astype(np.int64) * 128 + three[rows:2 * rows]) * 128 + three[2 * rows:])
+    m2 = digits[:rows].astype(np.int64) * 256 + digits[rows:]
+    for r in range(rows):
+        m2[r, fix_index[r, :fix_count[r]]] += fix_value[r, :fix_count[r]]
+    assert np.array_equal(m2, m3)
+    assert ((fix_value >= 0) & (fix_value <= 128)).all()
+    totals = fused.byte_product(digits, fix_index, fix_value, fix_count, w)
+    assert np.array_equal(totals, m3 @ w.numpy().astype(np.int64).T)
+    expected = fused.integer_logits(fused.int8_product(three, w), steps3, scale)
+    assert np.array_equal(fused.total_logits(totals, steps, scale), expected)
+
+
+@needs_compiled
+def test_the_two_digit_output_layer_refuses_rows_its_int32_digit_sums_cannot_hold() -> None:
+    k = BYTE_TERMS + 1
+    digits, *fixes = (np.zeros((2, k), dtype=np.int8), np.zeros((1, k), dtype=np.int64),
+                      np.zeros((1, k), dtype=np.int64), np.zeros(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="overflow"):
+        fused.byte_product(digits, *fixes, np.zeros((1, k), dtype=np.int8))
+
+
+@needs_compiled
 def test_the_compiled_kernels_hold_no_fused_multiply_add() -> None:
     assert fused._fused_instructions() == []
 
@@ -239,6 +280,10 @@ def _the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> N
     expected = rint_(model.logits_before_rounding(hidden).clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64)
     assert torch.equal(model.logits(hidden), expected)
     assert torch.equal(model.logits(hidden[1:2]), expected[1:2])  # one row: the streamed product
+    assert torch.equal(model.logits(hidden[1:3]), expected[1:3])  # two rows: four digit rows, streamed too
+    flat = torch.full((1, model.config.hidden_size), 2.5, dtype=torch.float64)  # every element corrected
+    assert torch.equal(model.logits(flat),
+                       rint_(model.logits_before_rounding(flat).clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from cascade.codec.exact import dispatch
-from cascade.codec.exact.grid import ACT8, FP32_EXACT, FP32_PIECE_TERMS, FP64_EXACT, RINT_LIMIT
+from cascade.codec.exact.grid import ACT8, ACT16, BYTE_TERMS, FP32_EXACT, FP32_PIECE_TERMS, FP64_EXACT, RINT_LIMIT
 from cascade.codec.exact.int8_gemm import INT32_TERMS
 
 F32, F64, I8, I32, I64, BF16, F16, BOOL = (torch.float32, torch.float64, torch.int8, torch.int32, torch.int64,
@@ -72,6 +72,19 @@ def _int_mm_terms(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         return f"an int8 product over {k} > {INT32_TERMS} terms may overflow int32"
     return (_integers_within(args[0], ACT8, "int8 GEMM activations")
             or _integers_within(args[1], ACT8, "int8 GEMM weights"))
+
+
+def _byte_product_terms(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    digits, weights, fix_index, fix_value, fix_count = args[:5]
+    k = weights.shape[-1]
+    if k > BYTE_TERMS:
+        return f"a digit sum over {k} > {BYTE_TERMS} terms may overflow int32"
+    if (fix_count.numel() and int(fix_count.max()) > k) or not bool(((fix_index >= 0) & (fix_index < k)).all()):
+        return "corrections outside the row"
+    return (_integers_within(weights, ACT8, "output layer weights")
+            or _integers_within(digits, ACT8 + 1, "output layer digits")
+            or _integers_within(fix_value, ACT8 + 1, "digit corrections")
+            or _product_within(ACT16, weights, k, FP64_EXACT, "Σ m·w"))
 
 
 def _mm_pieces(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -236,7 +249,7 @@ def _residual_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 _KERNEL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {
     "fused.attend_cached": _attended, "fused.qkv": _exact_sums, "fused.residual": _residual_sums,
-    "fused.silu_quantize": _exact_sums, "fused.integer_logits": _exact_sums}
+    "fused.silu_quantize": _exact_sums, "fused.integer_logits": _exact_sums, "fused.total_logits": _exact_sums}
 
 KERNELS: dict[str, Allowed] = {
     "root.machine_root": Allowed(frozenset({F64}), "off the CPU, inside root.machine() only (a second reading of "
@@ -248,6 +261,11 @@ KERNELS: dict[str, Allowed] = {
                                   f"a sum of K ≤ {INT32_TERMS} products, each at most 127·127, stays below 2**31, so "
                                   "the int32 result is exact",
                                   check=_int_mm_terms),
+    "fused.byte_product": Allowed(frozenset({I8, I64}), "the output layer's rows as two int8 digits h·2**8 + l "
+                                  "and corrections (numba): int8 × int8 digit sums below 2**31 (K ≤ "
+                                  f"{BYTE_TERMS}, digits −128…127, weights ±127), 2**8·Σh·w + Σl·w + Σ correction·w "
+                                  "in int64 below 2**53, in any order and instruction set: exact",
+                                  check=_byte_product_terms),
     "frequencies.compiled_tables": Allowed(frozenset({I64}), "the frequency tables of frequencies.py in one loop "
                                            "per row (numba): int64 arithmetic within its bounds, nothing rounds"),
     "frequencies.compiled_escape_tables": Allowed(frozenset({I64}), "the escape tables of frequencies.py (container "
@@ -273,6 +291,11 @@ KERNELS: dict[str, Allowed] = {
                                              "(products by 2**-7, rint)"),
            ("integer_logits", frozenset({F64, I32}), "(a·128 + b)·128 + c of the digit products (exact integers), "
                                                      "× (step·scale), rint"),
+           ("norm_bytes", frozenset({F64, I64}), "x ÷ root × gain, the ±32,767 grid, its two int8 digits "
+                                                 "(⌊(m + 128)·2**-8⌋ capped at 127, m − 256·h capped at 127) and "
+                                                 "the capped remainder as a correction"),
+           ("total_logits", frozenset({F64, I64}), "the exact int64 products as float64 (below 2**53), "
+                                                   "× (step·scale), rint"),
        )},
 }
 """The project's own compiled kernels (dispatch never sees them; each reports its call to ``observers``)."""

@@ -17,6 +17,10 @@ ACT16 = 32767.0
 """The output layer's activations and RMSNorm's sum of squares: per-token integers in ±32,767."""
 DIGIT = 2.0**-7
 """The output layer's int16 activations as three int8 digits ``a·2**14 + b·2**7 + c`` (products by 2**-7)."""
+BYTE = 2.0**-8
+"""The same activations as two int8 digits ``h·2**8 + l`` and a correction (the compiled output layer)."""
+BYTE_TERMS = ((1 << 31) - 1) // (128 * 127)
+"""The longest output-layer row whose two-digit sums stay in int32 (digits −128…127, weights ±127)."""
 FP32_EXACT = 1 << 24
 """Integers below this are exact in float32 (a float32 GEMM piece's partial sums stay below it)."""
 FP64_EXACT = 1 << 53

@@ -33,7 +33,7 @@ import torch
 
 from cascade.codec.exact import dispatch, fused, root, tables
 from cascade.codec.exact.cache import KVCache
-from cascade.codec.exact.grid import FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
+from cascade.codec.exact.grid import BYTE_TERMS, FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
 from cascade.codec.exact.int8_gemm import INT32_TERMS, int8_matmul
 from cascade.codec.exact.ops import QuantLinear, _scalar, quantize, rms_norm, silu
 
@@ -438,12 +438,17 @@ class CompiledKernels(Kernels):
         return on_tensors
 
     def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
-        streamed = self._streams(3 * hidden.shape[0], head)  # three int8 digit rows per hidden row
-        if not (streamed or head.int8_gemm):
+        """A few rows stream over the weights as two int8 digit rows each (``fused.byte_product``); more go
+        through the host's int8 GEMM as three digit rows each; the same integers either way."""
+        if self._streams(2 * hidden.shape[0], head) and head.in_features <= BYTE_TERMS:
+            digits, steps, fix_index, fix_value, fix_count = fused.norm_bytes(hidden, self._constant(gain),
+                                                                              self.g.rms_norm_eps)
+            totals = fused.byte_product(digits, fix_index, fix_value, fix_count, self._weight_rows(head))
+            return torch.from_numpy(fused.total_logits(totals, steps, self._constant(head.scale)))
+        if not head.int8_gemm:
             return super().logits(hidden, gain, head)
         digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)
-        acc = (fused.int8_product(digits, self._weight_rows(head)) if streamed
-               else int8_matmul(torch.from_numpy(digits), head.weight))
+        acc = int8_matmul(torch.from_numpy(digits), head.weight)
         return torch.from_numpy(fused.integer_logits(acc, steps, self._constant(head.scale)))
 
 
