@@ -211,11 +211,13 @@ def test_the_output_layer_in_two_digits_gives_the_three_digit_integer_logits(row
     x = torch.randn(rows, k, generator=g, dtype=torch.float64) * 4
     if values == "flat":  # every element at +32,767: every one needs a correction
         x[0] = 3.0
-    elif values == "signs":  # ±32,767: the lowest top digit (−128) and corrections side by side
+    elif values == "signs":  # ±32,767: the lowest top digit (−128) beside corrections
         x[0] = torch.where(torch.arange(k) % 2 == 0, 3.0, -3.0)
     elif values == "spread":
         x *= torch.tensor(10.0, dtype=torch.float64) ** torch.randint(-3, 4, (rows, k), generator=g)
     gain = torch.rand(k, generator=g, dtype=torch.float64) + 0.5
+    if values in ("flat", "signs"):
+        gain[:] = 1.0
     w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     scale = torch.rand(n, generator=g, dtype=torch.float64) * 1e-3
     three, steps3 = fused.norm_digits(x, gain, 1e-6)
