@@ -205,8 +205,8 @@ def test_the_streamed_int8_product_holds_the_longest_sums_int32_can() -> None:
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 700), st.integers(1, 60), st.integers(0, 2**31),
        st.sampled_from(["random", "flat", "signs", "spread"]))
-def test_the_output_layer_in_two_digits_gives_the_three_digit_integer_logits(rows: int, k: int, n: int, seed: int,
-                                                                              values: str) -> None:
+def test_the_output_layer_in_two_digits_gives_the_three_digit_products_and_their_logits(
+        rows: int, k: int, n: int, seed: int, values: str) -> None:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=g, dtype=torch.float64) * 4
     if values == "flat":  # every element at +32,767: every one needs a correction
@@ -229,9 +229,13 @@ def test_the_output_layer_in_two_digits_gives_the_three_digit_integer_logits(row
         m2[r, fix_index[r, :fix_count[r]]] += fix_value[r, :fix_count[r]]
     assert np.array_equal(m2, m3)
     assert ((fix_value >= 0) & (fix_value <= 128)).all()
+    exact = m3 @ w.numpy().astype(np.int64).T
     totals = fused.byte_product(digits, fix_index, fix_value, fix_count, w)
-    assert np.array_equal(totals, m3 @ w.numpy().astype(np.int64).T)
-    expected = fused.integer_logits(fused.int8_product(three, w), steps3, scale)
+    assert totals.dtype == np.float64 and np.array_equal(totals.astype(np.int64), exact)
+    recombined = fused.int8_product(three, w).astype(np.float64)  # the GEMM path's three digit products
+    recombined = (recombined[:rows] * 128.0 + recombined[rows:2 * rows]) * 128.0 + recombined[2 * rows:]
+    assert np.array_equal(totals, recombined)
+    expected = np.rint(exact.astype(np.float64) * (steps[:, None] * scale.numpy()[None, :])).astype(np.int64)
     assert np.array_equal(fused.total_logits(totals, steps, scale), expected)
 
 

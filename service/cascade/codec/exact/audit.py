@@ -249,7 +249,7 @@ def _residual_sums(t: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 _KERNEL_CHECKS: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], str | None]] = {
     "fused.attend_cached": _attended, "fused.qkv": _exact_sums, "fused.residual": _residual_sums,
-    "fused.silu_quantize": _exact_sums, "fused.integer_logits": _exact_sums, "fused.total_logits": _exact_sums}
+    "fused.silu_quantize": _exact_sums, "fused.total_logits": _exact_sums}
 
 KERNELS: dict[str, Allowed] = {
     "root.machine_root": Allowed(frozenset({F64}), "off the CPU, inside root.machine() only (a second reading of "
@@ -289,13 +289,11 @@ KERNELS: dict[str, Allowed] = {
             "exp-table lookup, exact integer sum, p·v ÷ (Σp · 2**10), then the ±127 grid"),
            ("norm_digits", frozenset({F64}), "x ÷ root × gain, the ±32,767 grid and its three int8 digits "
                                              "(products by 2**-7, rint)"),
-           ("integer_logits", frozenset({F64, I32}), "(a·128 + b)·128 + c of the digit products (exact integers), "
-                                                     "× (step·scale), rint"),
            ("norm_bytes", frozenset({F64, I64}), "x ÷ root × gain, the ±32,767 grid, its two int8 digits "
                                                  "(⌊(m + 128)·2**-8⌋ capped at 127, m − 256·h capped at 127) and "
                                                  "the capped remainder as a correction"),
-           ("total_logits", frozenset({F64, I64}), "the exact int64 products as float64 (below 2**53), "
-                                                   "× (step·scale), rint"),
+           ("total_logits", frozenset({F64}), "the output layer's exact integer products (float64, below "
+                                              "2**53), × (step·scale), rint"),
        )},
 }
 """The project's own compiled kernels (dispatch never sees them; each reports its call to ``observers``)."""

@@ -261,17 +261,22 @@ try:
         for r in prange(rows):
             steps[r] = _quantize_row(z[r], ACT8, m[r])
 
+    @numba.njit(inline="always", error_model="numpy", fastmath=False)
+    def _output_row(x: Any, root: float, gain: Any, z: Any) -> float:  # pragma: no cover - compiled
+        """``z = x ÷ root × gain`` for one row, and the step of its ±32,767 grid (the output layer's input)."""
+        amax = 0.0
+        for j in range(x.shape[0]):
+            z[j] = x[j] / root * gain[j]
+            a = abs(z[j])
+            if a > amax:
+                amax = a
+        return (amax if amax > 0.0 else 1.0) / ACT16
+
     @_RowKernel
     def _norm_digits(x: Any, roots: Any, gain: Any, z: Any, digits: Any, steps: Any) -> None:  # pragma: no cover
         rows, n = x.shape
         for r in prange(rows):
-            amax = 0.0
-            for j in range(n):
-                z[r, j] = x[r, j] / roots[r] * gain[j]
-                a = abs(z[r, j])
-                if a > amax:
-                    amax = a
-            step = (amax if amax > 0.0 else 1.0) / ACT16
+            step = _output_row(x[r], roots[r], gain, z[r])
             steps[r] = step
             for j in range(n):
                 m = (z[r, j] / step + RINT_MAGIC) - RINT_MAGIC
@@ -286,13 +291,7 @@ try:
                     fix_count: Any) -> None:  # pragma: no cover - compiled
         rows, n = x.shape
         for r in prange(rows):
-            amax = 0.0
-            for j in range(n):
-                z[r, j] = x[r, j] / roots[r] * gain[j]
-                a = abs(z[r, j])
-                if a > amax:
-                    amax = a
-            step = (amax if amax > 0.0 else 1.0) / ACT16
+            step = _output_row(x[r], roots[r], gain, z[r])
             steps[r] = step
             count = 0
             for j in range(n):
@@ -327,7 +326,7 @@ try:
                 total = np.int64(_digit_sum(digits[r], w)) * 256 + np.int64(_digit_sum(digits[rows + r], w))
                 for f in range(fix_count[r]):
                     total += fix_value[r, f] * np.int64(w[fix_index[r, f]])
-                out[r, j] = total
+                out[r, j] = float(total)
 
     @_RowKernel
     def _total_logits(totals: Any, steps: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
@@ -335,16 +334,7 @@ try:
         for r in prange(rows):
             step = steps[r]
             for j in range(vocab):
-                out[r, j] = np.int64(_rint(float(totals[r, j]) * (step * scale[j])))
-
-    @_RowKernel
-    def _integer_logits(acc: Any, steps: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
-        rows, vocab = out.shape
-        for r in prange(rows):
-            step = steps[r]
-            for j in range(vocab):
-                total = (float(acc[r, j]) * 128.0 + acc[rows + r, j]) * 128.0 + acc[2 * rows + r, j]
-                out[r, j] = np.int64(_rint(total * (step * scale[j])))
+                out[r, j] = np.int64(_rint(totals[r, j] * (step * scale[j])))
 
     @numba.njit(parallel=True, nogil=True, cache=False, error_model="numpy", fastmath=False)
     def _int8_product(m: Any, weight_rows: Any, out: Any) -> None:  # pragma: no cover - compiled
@@ -584,40 +574,32 @@ def norm_bytes(x: Array, gain: Array, eps: float) -> tuple[Any, Any, Any, Any, A
 
 
 def byte_product(digits: Array, fix_index: Array, fix_value: Array, fix_count: Array, weight_rows: Array) -> Any:
-    """The output layer's exact integer products (int64, ``(rows, vocab)``) of ``norm_bytes``'s rows:
+    """The output layer's exact integer products (float64, ``(rows, vocab)``) of ``norm_bytes``'s rows:
     ``Σ m·w = 2**8·Σ h·w + Σ l·w + Σ correction·w``, one streamed pass over the weights, two int8 rows per
     hidden row (three digit rows cost 1.30 ms on SmolLM2's head, these 0.98 ms).
 
     Why exact on every machine: integer products summed as integers, in any order and instruction set;
     each digit sum is below 2**31 (``BYTE_TERMS``, checked here) and the total below 2**53 (|m·w| ≤
-    32,767·127 a term), so ``float(total)`` is the very float64 ``(a·128 + b)·128 + c`` that
-    ``integer_logits`` forms from three digits' products."""
+    32,767·127 a term), so the float64 total is the very value ``(a·128 + b)·128 + c`` that the GEMM
+    path recombines from three digits' products (``kernels.CompiledKernels.logits``, ``ops.QuantLinear``)."""
     digits, weight_rows = array(digits), array(weight_rows)
     if weight_rows.shape[1] > BYTE_TERMS:
         raise ValueError(f"an output layer over {weight_rows.shape[1]} > {BYTE_TERMS} terms: digit sums may overflow")
     fix_index, fix_value, fix_count = array(fix_index), array(fix_value), array(fix_count)
-    out = np.empty((digits.shape[0] // 2, weight_rows.shape[0]), dtype=np.int64)
+    out = np.empty((digits.shape[0] // 2, weight_rows.shape[0]))
     _report("fused.byte_product", digits, weight_rows, fix_index, fix_value, fix_count)
     dispatch.launch(_byte_product, digits, weight_rows, fix_index, fix_value, fix_count, out)
     return out
 
 
 def total_logits(totals: Array, steps: Array, scale: Array) -> Any:
-    """Integer logits (int64) from the output layer's exact products ``byte_product``: × (step·scale), rint —
-    ``integer_logits``'s operations on the same float64 values."""
+    """Integer logits (int64) from the output layer's exact integer products (float64, below 2**53: streamed
+    by ``byte_product`` or recombined from the GEMM's digit products): × (step·scale), rint, as the torch
+    path's ``QuantLinear.output``."""
     totals, steps, scale = array(totals), array(steps), array(scale)
     out = np.empty(totals.shape, dtype=np.int64)
     _report("fused.total_logits", totals, steps, scale)
     _total_logits(out.shape[0], totals, steps, scale, out)
-    return out
-
-
-def integer_logits(acc: Array, steps: Array, scale: Array) -> Any:
-    """Integer logits (int64) from the output layer's three digit products (int32, ``(3·rows, vocab)``)."""
-    acc, steps, scale = array(acc), array(steps), array(scale)
-    out = np.empty((acc.shape[0] // 3, acc.shape[1]), dtype=np.int64)
-    _report("fused.integer_logits", acc, steps, scale)
-    _integer_logits(out.shape[0], acc, steps, scale, out)
     return out
 
 
@@ -671,7 +653,7 @@ def _fused_instructions() -> list[str]:
     """FMA-like instructions in the machine code of every strict kernel, both variants (must be none)."""
     found = []
     compiled = [variant for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv,
-                                       _norm_digits, _norm_bytes, _integer_logits, _total_logits)
+                                       _norm_digits, _norm_bytes, _total_logits)
                 for variant in kernel.variants]
     for kernel in [*compiled, _attend_cached, *_cached_layer]:
         for signature, asm in kernel.inspect_asm().items():
@@ -724,8 +706,7 @@ def _warm_up_rows(float_products: bool, rows: int) -> None:
     attend_cached(torch.zeros(2, 2, 4, dtype=torch.float64), k, k, cache, cache.clone(),
                   torch.arange(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 1.0,
                   torch.ones(5, dtype=torch.float64), V_UNIT)
-    digits, steps = norm_digits(x, gain, 1e-6)
-    integer_logits(digits.astype(np.int32), steps, scale)
+    norm_digits(x, gain, 1e-6)
     digits, steps, fix_index, fix_value, fix_count = norm_bytes(x, gain, 1e-6)
     total_logits(byte_product(digits, fix_index, fix_value, fix_count, np.ones((12, 12), dtype=np.int8)), steps, scale)
     int8_product(m, m)

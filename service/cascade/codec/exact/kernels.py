@@ -449,7 +449,9 @@ class CompiledKernels(Kernels):
             return super().logits(hidden, gain, head)
         digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)
         acc = int8_matmul(torch.from_numpy(digits), head.weight)
-        return torch.from_numpy(fused.integer_logits(acc, steps, self._constant(head.scale)))
+        rows = hidden.shape[0]
+        totals = acc[:rows].to(torch.float64).mul_(128.0).add_(acc[rows:2 * rows]).mul_(128.0).add_(acc[2 * rows:])
+        return torch.from_numpy(fused.total_logits(totals, steps, self._constant(head.scale)))
 
 
 def select_kernels(setting: str, device: torch.device, geometry: Geometry, linears: list[QuantLinear]) -> Kernels:
