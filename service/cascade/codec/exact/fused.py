@@ -543,7 +543,7 @@ def attend_cached(q: Array, k: Array, v: Array, keys: Array, values: Array, cach
 
 def norm_digits(x: Array, gain: Array, eps: float) -> tuple[Any, Any]:
     """The output layer's input: RMSNorm, the ±32,767 grid, and its three int8 digits ``a·2**14 + b·2**7 + c``
-    stacked as ``(3·rows, n)`` (``QuantLinear._int8_product``'s operand), and the per-row steps."""
+    stacked as ``(3·rows, n)`` (``ops.digit_product``'s operand), and the per-row steps."""
     x, gain = array(x), array(gain)
     rows, n = x.shape
     roots = _roots(x, eps)
@@ -581,7 +581,7 @@ def byte_product(digits: Array, fix_index: Array, fix_value: Array, fix_count: A
     Why exact on every machine: integer products summed as integers, in any order and instruction set;
     each digit sum is below 2**31 (``BYTE_TERMS``, checked here) and the total below 2**53 (|m·w| ≤
     32,767·127 a term), so the float64 total is the very value ``(a·128 + b)·128 + c`` that the GEMM
-    path recombines from three digits' products (``kernels.CompiledKernels.logits``, ``ops.QuantLinear``)."""
+    path recombines from three digits' products (``ops.digit_product``)."""
     digits, weight_rows = array(digits), array(weight_rows)
     if weight_rows.shape[1] > BYTE_TERMS:
         raise ValueError(f"an output layer over {weight_rows.shape[1]} > {BYTE_TERMS} terms: digit sums may overflow")

@@ -34,8 +34,8 @@ import torch
 from cascade.codec.exact import dispatch, fused, root, tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import BYTE_TERMS, FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
-from cascade.codec.exact.int8_gemm import INT32_TERMS, int8_matmul
-from cascade.codec.exact.ops import QuantLinear, _scalar, quantize, rms_norm, silu
+from cascade.codec.exact.int8_gemm import INT32_TERMS
+from cascade.codec.exact.ops import QuantLinear, _scalar, digit_product, quantize, rms_norm, silu
 
 Values = Any
 """What passes between a layer's steps: ``torch.Tensor`` in the torch set, ``numpy.ndarray`` in the compiled one."""
@@ -448,9 +448,7 @@ class CompiledKernels(Kernels):
         if not head.int8_gemm:
             return super().logits(hidden, gain, head)
         digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)
-        acc = int8_matmul(torch.from_numpy(digits), head.weight)
-        rows = hidden.shape[0]
-        totals = acc[:rows].to(torch.float64).mul_(128.0).add_(acc[rows:2 * rows]).mul_(128.0).add_(acc[2 * rows:])
+        totals = digit_product(torch.from_numpy(digits), head.weight)
         return torch.from_numpy(fused.total_logits(totals, steps, self._constant(head.scale)))
 
 

@@ -94,12 +94,9 @@ class QuantLinear:
         recombined in float64 (every term < 2**53, so exactly)."""
         if self.act_max == ACT8:
             return int8_matmul(m.to(torch.int8), self.weight).to(torch.float64)
-        rows = m.shape[0]
         t = rint_(m * 2.0**-7)
         a = rint_(t * 2.0**-7)
-        r = int8_matmul(torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8), self.weight)
-        acc = r[:rows].to(torch.float64)
-        return acc.mul_(128.0).add_(r[rows:2 * rows]).mul_(128.0).add_(r[2 * rows:])
+        return digit_product(torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8), self.weight)
 
     def _float32_product(self, m: torch.Tensor) -> torch.Tensor:
         """``m @ W`` as exact integers in float64 through float32 GEMMs of ≤ 1,040-term pieces."""
@@ -119,6 +116,16 @@ class QuantLinear:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
+
+
+def digit_product(digits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``m @ W`` as exact integers in float64, from ``m``'s three int8 digit rows ``a·2**14 + b·2**7 + c``
+    stacked as ``(3·rows, K)``: one int8 GEMM (``int8_gemm``), recombined in float64 (every term < 2**53,
+    so exactly)."""
+    rows = digits.shape[0] // 3
+    r = int8_matmul(digits, weight)
+    acc = r[:rows].to(torch.float64)
+    return acc.mul_(128.0).add_(r[rows:2 * rows]).mul_(128.0).add_(r[2 * rows:])
 
 
 def exact_root(squares: torch.Tensor) -> torch.Tensor:
