@@ -4,14 +4,17 @@ and the compiled cached attention equals the torch definition bit for bit at the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-from cascade.codec.exact import int8_gemm
+from cascade.codec.exact import int8_gemm, ops
+from cascade.codec.exact.grid import ACT8, ACT16
 from cascade.codec.exact.kernels import CompiledKernels, Geometry, TorchKernels
 from cascade.codec.exact.model import ExactConfig, ExactLlama
+from cascade.codec.exact.ops import QuantLinear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,8 +37,10 @@ def saturating_int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def fresh_probe() -> Iterator[None]:
     int8_gemm.int8_gemm_is_exact.cache_clear()
+    int8_gemm.int8_gemm_is_faster.cache_clear()
     yield
     int8_gemm.int8_gemm_is_exact.cache_clear()
+    int8_gemm.int8_gemm_is_faster.cache_clear()
 
 
 def test_the_probe_refuses_a_kernel_that_saturates_pair_sums(fresh_probe: None,
@@ -64,6 +69,48 @@ def test_a_model_on_a_saturating_host_runs_the_float32_path_with_the_same_intege
     assert not any(q.int8_gemm for q in fast._linears())
     tokens = [[5, 9, 100, 17, 3, 3, 41, 7, 7]]
     assert torch.equal(fast.logits(fast.prefill(tokens)), reference.logits(reference.prefill(tokens)))
+
+
+def test_the_speed_probe_keeps_the_float32_path_where_the_exact_int8_gemm_is_slower(
+        fresh_probe: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    def slow(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.2)
+        return (a.to(torch.float64) @ b.to(torch.float64)).to(torch.int32)
+
+    monkeypatch.setattr(int8_gemm, "int8_matmul", slow)
+    assert not int8_gemm.int8_gemm_is_faster(torch.device("cpu"), 64, 24)
+
+
+def test_the_speed_probe_takes_the_int8_gemm_where_it_is_faster(fresh_probe: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = torch.zeros((64, 24), dtype=torch.int32)
+    monkeypatch.setattr(int8_gemm, "int8_matmul", lambda a, b: answer)
+    assert int8_gemm.int8_gemm_is_faster(torch.device("cpu"), 64, 24)
+
+
+def test_a_model_whose_int8_gemm_is_slower_runs_the_float32_path_with_the_same_integers(
+        fresh_probe: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ops, "int8_gemm_is_faster", lambda device, k, n: False)
+    reference = load("llama-mha", kernels="reference")
+    fast = _fresh("llama-mha")
+    assert not any(q.int8_gemm for q in fast._linears())
+    tokens = [[5, 9, 100, 17, 3, 3, 41, 7, 7], [8, 1, 2]]
+    hidden, expected = fast.prefill(tokens), reference.prefill(tokens)
+    assert torch.equal(hidden, expected)
+    for rows in (1, 2, 3, 12):
+        assert torch.equal(fast.logits(hidden[:rows]), reference.logits(expected[:rows]))
+
+
+@pytest.mark.parametrize("act_max", [ACT8, ACT16])
+def test_the_float32_path_over_blocks_of_outputs_is_the_exact_integer_product(act_max: float) -> None:
+    g = torch.Generator().manual_seed(7)
+    out = 2 * ops.F32_COLUMNS + 37
+    linear = QuantLinear(torch.randn(out, 96, generator=g), None, act_max, torch.device("cpu"))
+    m = torch.randint(-int(act_max), int(act_max) + 1, (5, 96), generator=g).to(torch.float64)
+    m[0] = act_max
+    m[1] = -act_max
+    assert not linear.int8_gemm
+    assert torch.equal(linear.exact_product(m), m @ linear.weight.to(torch.float64))
 
 
 def _fresh(name: str) -> ExactLlama:

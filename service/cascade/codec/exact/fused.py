@@ -309,8 +309,9 @@ try:
 
     @numba.njit(nogil=True, cache=False, error_model="numpy", fastmath=False)
     def _digit_sum(a: Any, w: Any) -> Any:  # pragma: no cover - compiled
-        """``Σ a·w`` of two int8 rows as int32: the sum fits (``BYTE_TERMS``), and an int32 result lets the
-        compiler keep the running sums in 32-bit lanes (an int64 one made the output layer ~2.5× slower)."""
+        """``Σ a·w`` of an activation row (int8 values, held as int16: see ``_int8_product``) and an int8
+        weight row, as int32: the callers' bounds make the sum fit, and an int32 result lets the compiler
+        keep the running sums in 32-bit lanes (``vpmaddwd``; an int64 one made the output layer ~2.5× slower)."""
         total = np.int64(0)
         for i in range(w.shape[0]):
             total += np.int32(a[i]) * np.int32(w[i])
@@ -320,10 +321,11 @@ try:
     def _byte_product(digits: Any, weight_rows: Any, fix_index: Any, fix_value: Any, fix_count: Any,
                       out: Any) -> None:  # pragma: no cover - compiled
         rows = out.shape[0]
+        wide = digits.astype(np.int16)
         for j in prange(weight_rows.shape[0]):
             w = weight_rows[j]
             for r in range(rows):
-                total = np.int64(_digit_sum(digits[r], w)) * 256 + np.int64(_digit_sum(digits[rows + r], w))
+                total = np.int64(_digit_sum(wide[r], w)) * 256 + np.int64(_digit_sum(wide[rows + r], w))
                 for f in range(fix_count[r]):
                     total += fix_value[r, f] * np.int64(w[fix_index[r, f]])
                 out[r, j] = float(total)
@@ -338,14 +340,15 @@ try:
 
     @numba.njit(parallel=True, nogil=True, cache=False, error_model="numpy", fastmath=False)
     def _int8_product(m: Any, weight_rows: Any, out: Any) -> None:  # pragma: no cover - compiled
+        """The activations are widened to int16 once, so each multiply-add sign-extends only the weights: a
+        product of two or more rows is bound by arithmetic on AVX2 (a weight row is in cache for the next
+        activation row), and this saves one of the four instructions per 16 terms (a 2-row product of
+        SmolLM2's layers 9.6 → 7.7 ms on an AVX2 Zen 3; one row reads memory either way)."""
+        wide = m.astype(np.int16)
         for j in prange(weight_rows.shape[0]):
             w = weight_rows[j]
             for r in range(m.shape[0]):
-                a = m[r]
-                total = np.int64(0)
-                for i in range(w.shape[0]):
-                    total += np.int32(a[i]) * np.int32(w[i])
-                out[r, j] = total
+                out[r, j] = _digit_sum(wide[r], w)
 
     def _compile_layer(norm_quantize: Any, qkv: Any, residual: Any, silu_quantize: Any) -> Any:
         """One decoder layer over the cache (``kernels.Kernels.layer``'s seven steps) as one compiled function

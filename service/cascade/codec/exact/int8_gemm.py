@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import torch
 
@@ -30,6 +31,8 @@ INT32_TERMS = ((1 << 31) - 1) // (127 * 127)
 _LARGE_ROWS = 1024
 _PROBE_ROWS = (1, 5, 33, 160, _LARGE_ROWS)
 _CUDA_MIN_ROWS = 17
+_SPEED_ROWS = 64
+_SPEED_COLUMNS = 2048
 
 
 def column_major(w: torch.Tensor) -> torch.Tensor:
@@ -83,3 +86,41 @@ def int8_gemm_is_exact(device: torch.device, k: int, n: int) -> bool:
         logger.info("int8 GEMM unavailable on %s for K=%d, N=%d (%s): the float32 path is used", device, k, n, exc)
         return False
     return True
+
+
+@functools.cache
+def int8_gemm_is_faster(device: torch.device, k: int, n: int) -> bool:
+    """Whether the host's int8 GEMM of ``(M, k) @ (k, n)`` beats the float32 pieces that replace it
+    (``ops.QuantLinear._float32_product``, which converts its weights on every call) on a block of
+    decode-cohort size, timed here once (best of three each, interleaved).
+
+    Why a timing and not the instruction set: an exact int8 kernel is not always a fast one. On an AVX2
+    host without VNNI (measured on a Zen 3 EPYC) oneDNN's exact ``_int_mm`` ran 20–30× slower than the
+    float32 GEMM (SmolLM2: a 512-token prefill 28 s against 1.7 s, its 512 rows of logits 21.5 s
+    against 2.9 s), while on VNNI hosts it is the faster one. Both paths give the same integers, so
+    the choice decides only speed, never a byte of a container; a timing disturbed by load can only
+    pick the slower of two exact paths. CUDA keeps the int8 GEMM (integer tensor cores)."""
+    if device.type != "cpu":
+        return True
+    generator = torch.Generator().manual_seed(k * 31 + n)
+    a = torch.randint(-127, 128, (_SPEED_ROWS, k), generator=generator, dtype=torch.int8)
+    w = column_major(torch.randint(-127, 128, (k, min(n, _SPEED_COLUMNS)), generator=generator, dtype=torch.int8))
+    a32 = a.to(torch.float32)
+
+    def int8() -> None:
+        int8_matmul(a, w)
+
+    def float32() -> None:
+        a32 @ w.to(torch.float32)
+
+    best = {int8: float("inf"), float32: float("inf")}
+    for _ in range(3):
+        for product in best:
+            start = time.perf_counter()
+            product()
+            best[product] = min(best[product], time.perf_counter() - start)
+    faster = best[int8] <= best[float32]
+    logger.info("int8 GEMM %s than float32 on %s for K=%d, N=%d (%.2f against %.2f ms): the %s path is used",
+                "faster" if faster else "slower", device, k, n, 1e3 * best[int8], 1e3 * best[float32],
+                "int8" if faster else "float32")
+    return faster

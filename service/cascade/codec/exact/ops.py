@@ -13,7 +13,10 @@ import torch
 
 from cascade.codec.exact import root, tables
 from cascade.codec.exact.grid import ACT8, ACT16, FP32_EXACT, FP64_EXACT, rint, rint_
-from cascade.codec.exact.int8_gemm import column_major, int8_gemm_is_exact, int8_matmul
+from cascade.codec.exact.int8_gemm import column_major, int8_gemm_is_exact, int8_gemm_is_faster, int8_matmul
+
+F32_COLUMNS = 1024
+"""Outputs per block of the float32 path (a block of 1,024 × 576 weights is 2.4 MB as float32)."""
 
 
 class UnsupportedModelError(ValueError):
@@ -33,13 +36,13 @@ class QuantLinear:
     The weights are stored as int8 ``(in, out)``, column-major (a transposed view of the checkpoint's
     ``(out, in)`` layout): the host's int8 GEMM then reads each output's weights contiguously, which
     halves a one-row product's time on the CPU (measured: 120 SmolLM2 products 9.3 → 5.5 ms) and is
-    never slower up to prefill-sized blocks. With ``int8_gemm`` (and a probe that passed for this
-    shape) the product is ``torch._int_mm``; otherwise each GEMM converts one piece of ≤ 1,040 input
-    rows to float32 on the fly (int8 values are exact in float32), so the stored model stays at one
-    byte per weight either way. On the float32 path the output layer's int16 activations are split as
-    ``hi·2**8 + lo`` with ``|hi|, |lo| ≤ 128``, two float32 products per piece of ≤ 1,032 terms
-    (128·127·1032 < 2**24), recombined exactly in float64: the same integer sum as a float64 GEMM, at
-    float32 speed (the int8 path's digits: ``_int8_product``)."""
+    never slower up to prefill-sized blocks. With ``int8_gemm`` (and probes that found the host's int8
+    GEMM exact, and faster than the float32 pieces, for this shape) the product is ``torch._int_mm``;
+    otherwise each GEMM converts one piece of ≤ 1,040 input rows to float32 on the fly (int8 values are
+    exact in float32), so the stored model stays at one byte per weight either way. On the float32 path
+    the output layer's int16 activations are split as ``hi·2**8 + lo`` with ``|hi|, |lo| ≤ 128``, two
+    float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24), recombined exactly in float64:
+    the same integer sum as a float64 GEMM, at float32 speed (the int8 path's digits: ``_int8_product``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float,
                  device: torch.device, int8_gemm: bool = False, unit: float = 1.0) -> None:
@@ -66,7 +69,8 @@ class QuantLinear:
         """The same int8 weights as ``(out, in)`` rows, contiguous (``fused.int8_product``'s operand)."""
         self.device = device
         self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
-        self.int8_gemm = int8_gemm and int8_gemm_is_exact(self.device, self.in_features, self.out_features)
+        self.int8_gemm = (int8_gemm and int8_gemm_is_exact(self.device, self.in_features, self.out_features)
+                          and int8_gemm_is_faster(self.device, self.in_features, self.out_features))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m, step = quantize(x, self.act_max)
@@ -99,19 +103,20 @@ class QuantLinear:
         return digit_product(torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8), self.weight)
 
     def _float32_product(self, m: torch.Tensor) -> torch.Tensor:
-        """``m @ W`` as exact integers in float64 through float32 GEMMs of ≤ 1,040-term pieces."""
+        """``m @ W`` as exact integers in float64 through float32 GEMMs of ≤ 1,040-term pieces, over blocks of
+        ≤ ``F32_COLUMNS`` outputs: a block's weights, converted, stay in cache for its GEMM (converting
+        SmolLM2's whole output layer per call wrote 113 MB: 3 rows of logits 76 → 11 ms on a Zen 3 host)."""
         rows = m.shape[0]
         if self.act_max == ACT16:
             hi = rint_(m * 2.0**-8)
             m = torch.cat([hi, m - hi * 256.0])
         m32 = m.to(torch.float32)
-        acc: torch.Tensor | None = None
-        for a, b in self.pieces:
-            part = (m32[:, a:b] @ self.weight[a:b].to(torch.float32)).to(torch.float64)
-            if self.act_max == ACT16:
-                part = part[:rows] * 256.0 + part[rows:]
-            acc = part if acc is None else acc + part
-        assert acc is not None
+        acc = torch.zeros((rows, self.out_features), dtype=torch.float64, device=self.device)
+        for c in range(0, self.out_features, F32_COLUMNS):
+            block = acc[:, c:c + F32_COLUMNS]
+            for a, b in self.pieces:
+                part = (m32[:, a:b] @ self.weight[a:b, c:c + F32_COLUMNS].to(torch.float32)).to(torch.float64)
+                block += part[:rows] * 256.0 + part[rows:] if self.act_max == ACT16 else part
         return acc
 
     def nbytes(self) -> int:
