@@ -439,8 +439,13 @@ class CompiledKernels(Kernels):
 
     def logits(self, hidden: torch.Tensor, gain: torch.Tensor, head: QuantLinear) -> torch.Tensor:
         """A few rows stream over the weights as two int8 digit rows each (``fused.byte_product``); more go
-        through the host's int8 GEMM as three digit rows each; the same integers either way."""
-        if self._streams(2 * hidden.shape[0], head) and head.in_features <= BYTE_TERMS:
+        through the host's int8 GEMM as three digit rows each, or the float32 pieces where that GEMM does
+        not serve; the same integers either way. Up to two rows stream where the int8 GEMM would take
+        more, up to ``STREAMED_ROWS`` where the float32 pieces would (SmolLM2's head on a Zen 3: 3 rows
+        streamed 7.9 ms, as float32 pieces 18.7 ms; the streamed cost grows ~2.6 ms a row, the pieces' ~1.5)."""
+        streamed_rows = self._streams(2 * hidden.shape[0], head) or (
+            not head.int8_gemm and self._streams(hidden.shape[0], head))
+        if streamed_rows and head.in_features <= BYTE_TERMS:
             digits, steps, fix_index, fix_value, fix_count = fused.norm_bytes(hidden, self._constant(gain),
                                                                               self.g.rms_norm_eps)
             totals = fused.byte_product(digits, fix_index, fix_value, fix_count, self._weight_rows(head))
