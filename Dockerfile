@@ -9,7 +9,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     CASCADE_PORT=8000 \
     CASCADE_HOME=/var/lib/cascade \
     CASCADE_MODEL=/opt/cascade/models/pycoder-23m \
-    HF_HOME=/models/hf-cache
+    HF_HOME=/models/hf-cache \
+    NUMBA_CACHE_DIR=/var/lib/cascade/numba
 
 WORKDIR /opt/cascade
 COPY pyproject.toml README.md ./

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from cascade.codec.exact import dispatch
+from cascade.codec.exact import dispatch, kernel_cache
 from cascade.codec.exact.tables import exact_context
 
 Q_BITS = 16
@@ -44,10 +44,9 @@ ESCAPE_BITS = 32
 """An escaped token's table (container version 4) sums to 2**32."""
 
 try:
-    import numba
     from numba import prange
 
-    @numba.njit(parallel=True, nogil=True, cache=False)
+    @kernel_cache.njit(parallel=True, nogil=True)
     def _compiled_tables(logits: Any, bits: int, hi: Any, lo: Any, coarse: Any, precision_bits: int, ids: Any,
                          cdf: Any) -> None:  # pragma: no cover - compiled
         rows, vocab = logits.shape
@@ -101,7 +100,7 @@ try:
                 running += weights[i]
                 cdf[r, i + 1] = (i + 1) + (running * spare) // u_total
 
-    @numba.njit(parallel=True, nogil=True, cache=False)
+    @kernel_cache.njit(parallel=True, nogil=True)
     def _compiled_escape_tables(logits: Any, ids: Any, coarse: Any, cdf: Any) -> None:  # pragma: no cover - compiled
         rows, vocab = logits.shape
         spare = (1 << ESCAPE_BITS) - vocab

@@ -23,12 +23,13 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import types
 from typing import Any
 
 import numpy as np
 import torch
 
-from cascade.codec.exact import dispatch, root
+from cascade.codec.exact import dispatch, kernel_cache, root
 from cascade.codec.exact.grid import (
     ACT8,
     ACT16,
@@ -61,8 +62,7 @@ try:
     import numba
     from numba import prange
 
-    _STRICT: dict[str, Any] = {"parallel": True, "nogil": True, "cache": False, "error_model": "numpy",
-                               "fastmath": False}
+    _STRICT: dict[str, Any] = {"parallel": True, "nogil": True, "error_model": "numpy", "fastmath": False}
 
     class _RowKernel:
         """A strict kernel whose ``prange`` runs over rows, compiled twice: in parallel, and serially for a
@@ -71,12 +71,16 @@ try:
         running test suite), and a one-row decode step launches ~150 of them. (Two or more rows stay
         parallel: serial launches of 2–4 rows made those passes ~5 % slower.) Both variants are the same
         Python function, the same operations per element in the same order (``prange`` only distributes
-        rows), so the bits cannot differ."""
+        rows), so the bits cannot differ. The serial variant is a copy of the function under its own name:
+        numba's cache keys code by function, not by the options it was compiled with."""
 
         def __init__(self, function: Any) -> None:
             self.__name__ = function.__name__
-            self.parallel = numba.njit(**_STRICT)(function)
-            self.serial = numba.njit(**{**_STRICT, "parallel": False})(function)
+            self.parallel = kernel_cache.njit(**_STRICT)(function)
+            serial = types.FunctionType(function.__code__, function.__globals__, f"{function.__name__}_serial",
+                                        function.__defaults__, function.__closure__)
+            serial.__qualname__ = f"{function.__qualname__}_serial"
+            self.serial = kernel_cache.njit(**{**_STRICT, "parallel": False})(serial)
 
         @property
         def variants(self) -> tuple[Any, Any]:
@@ -193,7 +197,7 @@ try:
                     value = _linear_out(acc[r], steps[r], scale, bias, base + h * dim + i)
                     v[r, h, i] = min(max(_rint(value * V_UNIT), -v_limit), v_limit)
 
-    @numba.njit(fastmath={"reassoc"}, error_model="numpy", cache=False, nogil=True)
+    @kernel_cache.njit(fastmath={"reassoc"}, error_model="numpy", nogil=True)
     def _integer_scores(q: Any, keys: Any, out: Any) -> None:  # pragma: no cover - compiled
         """``out[g, j] = q[g]·keys[j]``: sums of products of integers, each partial sum below 2**53 (exact in
         any order, so reassociation is allowed here and in ``_integer_weighted`` only)."""
@@ -204,7 +208,7 @@ try:
                     acc += q[g, i] * keys[j, i]
                 out[g, j] = acc
 
-    @numba.njit(fastmath={"reassoc"}, error_model="numpy", cache=False, nogil=True)
+    @kernel_cache.njit(fastmath={"reassoc"}, error_model="numpy", nogil=True)
     def _integer_weighted(p: Any, values: Any, out: Any) -> None:  # pragma: no cover - compiled
         """``out[g] = Σ_j p[g, j]·values[j]``: integer weights ≤ 2**16 times bounded integers, below 2**53."""
         for g in range(out.shape[0]):
@@ -216,7 +220,7 @@ try:
                 for i in range(values.shape[1]):
                     out[g, i] += w * values[j, i]
 
-    @numba.njit(**_STRICT)
+    @kernel_cache.njit(**_STRICT)
     def _attend_cached(q: Any, k: Any, v: Any, cache_rows: Any, positions: Any, keys: Any, values: Any,
                        to_grid: float, table: Any, unit: float, split: bool, z: Any, m: Any, steps: Any
                        ) -> None:  # pragma: no cover - compiled
@@ -307,7 +311,7 @@ try:
                 digits[rows + r, j] = np.int8(low)
             fix_count[r] = count
 
-    @numba.njit(nogil=True, cache=False, error_model="numpy", fastmath=False)
+    @kernel_cache.njit(nogil=True, error_model="numpy", fastmath=False)
     def _digit_sum(a: Any, w: Any) -> Any:  # pragma: no cover - compiled
         """``Σ a·w`` of an activation row (int8 values, held as int16: see ``_int8_product``) and an int8
         weight row, as int32: the callers' bounds make the sum fit, and an int32 result lets the compiler
@@ -317,7 +321,7 @@ try:
             total += np.int32(a[i]) * np.int32(w[i])
         return np.int32(total)
 
-    @numba.njit(parallel=True, nogil=True, cache=False, error_model="numpy", fastmath=False)
+    @kernel_cache.njit(parallel=True, nogil=True, error_model="numpy", fastmath=False)
     def _byte_product(digits: Any, weight_rows: Any, fix_index: Any, fix_value: Any, fix_count: Any,
                       out: Any) -> None:  # pragma: no cover - compiled
         rows = out.shape[0]
@@ -338,7 +342,7 @@ try:
             for j in range(vocab):
                 out[r, j] = np.int64(_rint(totals[r, j] * (step * scale[j])))
 
-    @numba.njit(parallel=True, nogil=True, cache=False, error_model="numpy", fastmath=False)
+    @kernel_cache.njit(parallel=True, nogil=True, error_model="numpy", fastmath=False)
     def _int8_product(m: Any, weight_rows: Any, out: Any) -> None:  # pragma: no cover - compiled
         """The activations are widened to int16 once, so each multiply-add sign-extends only the weights: a
         product of two or more rows is bound by arithmetic on AVX2 (a weight row is in cache for the next
@@ -350,62 +354,69 @@ try:
             for r in range(m.shape[0]):
                 out[r, j] = _digit_sum(wide[r], w)
 
-    def _compile_layer(norm_quantize: Any, qkv: Any, residual: Any, silu_quantize: Any) -> Any:
-        """One decoder layer over the cache (``kernels.Kernels.layer``'s seven steps) as one compiled function
-        calling these row kernels, ``_int8_product`` and ``_attend_cached`` in the step-by-step order, on
-        buffers it allocates itself: the same launches without a Python call, conversion or allocation
-        between them."""
+    # The row kernels `_layer` calls (`_compiled_layer` binds each variant's).
+    _layer_norm_quantize, _layer_qkv, _layer_residual, _layer_silu_quantize = (
+        kernel.parallel for kernel in (_norm_quantize, _qkv, _residual, _silu_quantize))
 
-        @numba.njit(nogil=True, cache=False, error_model="numpy", fastmath=False)
-        def layer(x: Any, squares: Any, positions: Any, cache_rows: Any, keys: Any, values: Any, attn_norm: Any,
-                  qkv_rows: Any, qkv_scale: Any, qkv_bias: Any, o_rows: Any, o_scale: Any, o_bias: Any, mlp_norm: Any,
-                  gate_up_rows: Any, gate_up_scale: Any, gate_up_bias: Any, down_rows: Any, down_scale: Any,
-                  down_bias: Any, cos: Any, sin: Any, att_table: Any, sig_table: Any, heads: int, qk_limit: float,
-                  v_limit: float, eps: float, to_grid: float, unit: float, split: bool
-                  ) -> tuple[Any, Any]:  # pragma: no cover - compiled
-            rows, hidden = x.shape
-            kv_heads, dim = keys.shape[1], keys.shape[3]
-            inter = gate_up_rows.shape[0] // 2
-            roots = np.sqrt(squares)
-            z = np.empty((rows, hidden))
-            m = np.empty((rows, hidden), dtype=np.int8)
-            steps = np.empty(rows)
-            norm_quantize(x, roots, attn_norm, z, m, steps)
-            acc = np.empty((rows, qkv_rows.shape[0]), dtype=np.int32)
-            _int8_product(m, qkv_rows, acc)
-            q = np.empty((rows, heads, dim))
-            k = np.empty((rows, kv_heads, dim))
-            v = np.empty((rows, kv_heads, dim))
-            qkv(acc, steps, qkv_scale, qkv_bias, positions, cos, sin, qk_limit, v_limit, q, k, v)
-            attended = np.empty((rows, heads * dim), dtype=np.int8)
-            attended_steps = np.empty(rows)
-            _attend_cached(q, k, v, cache_rows, positions, keys, values, to_grid, att_table, unit, split,
-                           np.empty((rows, heads * dim)), attended, attended_steps)
-            acc = np.empty((rows, o_rows.shape[0]), dtype=np.int32)
-            _int8_product(attended, o_rows, acc)
-            mid = np.empty((rows, hidden))
-            mid_squares = np.empty(rows)
-            residual(x, acc, attended_steps, o_scale, o_bias, eps, mid, mid_squares)
-            roots = np.sqrt(mid_squares)
-            norm_quantize(mid, roots, mlp_norm, z, m, steps)
-            acc = np.empty((rows, gate_up_rows.shape[0]), dtype=np.int32)
-            _int8_product(m, gate_up_rows, acc)
-            gated = np.empty((rows, inter), dtype=np.int8)
-            gated_steps = np.empty(rows)
-            silu_quantize(acc, steps, gate_up_scale, gate_up_bias, sig_table, np.empty((rows, inter)), gated,
-                          gated_steps)
-            acc = np.empty((rows, down_rows.shape[0]), dtype=np.int32)
-            _int8_product(gated, down_rows, acc)
-            out = np.empty((rows, hidden))
-            out_squares = np.empty(rows)
-            residual(mid, acc, gated_steps, down_scale, down_bias, eps, out, out_squares)
-            return out, out_squares
+    def _layer(x: Any, squares: Any, positions: Any, cache_rows: Any, keys: Any, values: Any, attn_norm: Any,
+               qkv_rows: Any, qkv_scale: Any, qkv_bias: Any, o_rows: Any, o_scale: Any, o_bias: Any, mlp_norm: Any,
+               gate_up_rows: Any, gate_up_scale: Any, gate_up_bias: Any, down_rows: Any, down_scale: Any,
+               down_bias: Any, cos: Any, sin: Any, att_table: Any, sig_table: Any, heads: int, qk_limit: float,
+               v_limit: float, eps: float, to_grid: float, unit: float, split: bool
+               ) -> tuple[Any, Any]:  # pragma: no cover - compiled
+        """The body of ``_compiled_layer``'s kernels (never run as Python)."""
+        rows, hidden = x.shape
+        kv_heads, dim = keys.shape[1], keys.shape[3]
+        inter = gate_up_rows.shape[0] // 2
+        roots = np.sqrt(squares)
+        z = np.empty((rows, hidden))
+        m = np.empty((rows, hidden), dtype=np.int8)
+        steps = np.empty(rows)
+        _layer_norm_quantize(x, roots, attn_norm, z, m, steps)
+        acc = np.empty((rows, qkv_rows.shape[0]), dtype=np.int32)
+        _int8_product(m, qkv_rows, acc)
+        q = np.empty((rows, heads, dim))
+        k = np.empty((rows, kv_heads, dim))
+        v = np.empty((rows, kv_heads, dim))
+        _layer_qkv(acc, steps, qkv_scale, qkv_bias, positions, cos, sin, qk_limit, v_limit, q, k, v)
+        attended = np.empty((rows, heads * dim), dtype=np.int8)
+        attended_steps = np.empty(rows)
+        _attend_cached(q, k, v, cache_rows, positions, keys, values, to_grid, att_table, unit, split,
+                       np.empty((rows, heads * dim)), attended, attended_steps)
+        acc = np.empty((rows, o_rows.shape[0]), dtype=np.int32)
+        _int8_product(attended, o_rows, acc)
+        mid = np.empty((rows, hidden))
+        mid_squares = np.empty(rows)
+        _layer_residual(x, acc, attended_steps, o_scale, o_bias, eps, mid, mid_squares)
+        roots = np.sqrt(mid_squares)
+        _layer_norm_quantize(mid, roots, mlp_norm, z, m, steps)
+        acc = np.empty((rows, gate_up_rows.shape[0]), dtype=np.int32)
+        _int8_product(m, gate_up_rows, acc)
+        gated = np.empty((rows, inter), dtype=np.int8)
+        gated_steps = np.empty(rows)
+        _layer_silu_quantize(acc, steps, gate_up_scale, gate_up_bias, sig_table, np.empty((rows, inter)), gated,
+                             gated_steps)
+        acc = np.empty((rows, down_rows.shape[0]), dtype=np.int32)
+        _int8_product(gated, down_rows, acc)
+        out = np.empty((rows, hidden))
+        out_squares = np.empty(rows)
+        _layer_residual(mid, acc, gated_steps, down_scale, down_bias, eps, out, out_squares)
+        return out, out_squares
 
-        return layer
+    def _compiled_layer(variant: str) -> Any:
+        """``_layer`` on the row kernels' ``variant`` ("parallel", or "serial" for one row), compiled: one
+        decoder layer over the cache (``kernels.Kernels.layer``'s seven steps) calling the row kernels,
+        ``_int8_product`` and ``_attend_cached`` in the step-by-step order, on buffers it allocates itself:
+        the same launches without a Python call, conversion or allocation between them. Each variant is
+        the same code under its own name, its row kernels bound as globals (a closure over them could not
+        be cached: numba's key hashes a closure's cells, and a dispatcher's hash differs in every process)."""
+        scope = {**globals(), **{f"_layer_{kernel.__name__.lstrip('_')}": getattr(kernel, variant)
+                                 for kernel in (_norm_quantize, _qkv, _residual, _silu_quantize)}}
+        function = types.FunctionType(_layer.__code__, scope, f"_layer_{variant}")
+        function.__qualname__ = f"_layer_{variant}"
+        return kernel_cache.njit(nogil=True, error_model="numpy", fastmath=False)(function)
 
-    _row_kernels = (_norm_quantize, _qkv, _residual, _silu_quantize)
-    _cached_layer = (_compile_layer(*(kernel.parallel for kernel in _row_kernels)),
-                     _compile_layer(*(kernel.serial for kernel in _row_kernels)))
+    _cached_layer = (_compiled_layer("parallel"), _compiled_layer("serial"))
     """A layer over the cache on the row kernels' parallel variants, and on their serial ones (one row)."""
 
     AVAILABLE = True
@@ -653,15 +664,12 @@ def int8_product(m: Array, weight_rows: Array) -> Any:
 
 
 def _fused_instructions() -> list[str]:
-    """FMA-like instructions in the machine code of every strict kernel, both variants (must be none)."""
-    found = []
+    """FMA-like instructions in the machine code of every strict kernel, both variants (must be none):
+    inspected where compiled in this process, the compiling process's verdict where loaded from the cache."""
     compiled = [variant for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv,
                                        _norm_digits, _norm_bytes, _total_logits)
                 for variant in kernel.variants]
-    for kernel in [*compiled, _attend_cached, *_cached_layer]:
-        for signature, asm in kernel.inspect_asm().items():
-            found += [f"{kernel.__name__}{signature}: {m.group(0)}" for m in _FMA.finditer(asm)]
-    return found
+    return kernel_cache.inspected([*compiled, _attend_cached, *_cached_layer], _FMA)
 
 
 @functools.cache
