@@ -109,3 +109,17 @@ def test_a_row_kernels_serial_variant_is_cached_apart_from_its_parallel_one(cach
         variant(x, out)
         assert np.array_equal(out, x / 2.0)
         assert sum(variant.stats.cache_hits.values()) == 1
+
+
+def test_a_damaged_cache_entry_is_compiled_again_and_written_over(cache_dir: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    _compiled(twice)
+    (entry,) = cache_dir.rglob("*twice*.nbc")
+    entry.write_bytes(entry.read_bytes()[:40])
+    damaged = _compiled(twice)
+    assert "could not be read" in caplog.text
+    assert sum(damaged.stats.cache_misses.values()) == 1
+    out = np.empty(3)
+    damaged(np.array([1.0, -2.0, 0.5]), out)
+    assert out.tolist() == [2.0, -4.0, 1.0]
+    assert sum(_compiled(twice).stats.cache_hits.values()) == 1

@@ -19,7 +19,8 @@ Why it cannot change a bit or admit a contracted kernel:
   So the process that compiles a kernel inspects it and writes the verdict beside the code
   (``verdicts.json``); a process that loads a kernel uses that verdict, and a kernel loaded without one
   is compiled again here and inspected (``inspected``).
-- where the directory cannot be written, nothing is cached and every process compiles, as before.
+- where the directory cannot be written, nothing is cached and every process compiles, as before; an
+  entry that cannot be read is compiled again and written over.
 
 Where: ``$NUMBA_CACHE_DIR/cascade`` when numba's documented variable is set (the image sets it to its
 state volume, so a restarted container starts at once), else ``$XDG_CACHE_HOME/cascade/kernels``
@@ -97,17 +98,39 @@ def directory() -> Path | None:
 
 
 def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``numba.njit(**options)``, cached in ``directory()`` where it can be written."""
+    """``numba.njit(**options)``, cached in ``directory()`` where it can be written (``_TolerantCache``)."""
     import numba
 
     def decorate(function: Callable[..., Any]) -> Any:
+        kernel = numba.njit(cache=False, **options)(function)
         path = directory()
-        if path is None:
-            return numba.njit(cache=False, **options)(function)
-        with _pointed_at(path):
-            return numba.njit(cache=True, **options)(function)
+        if path is not None:
+            with _pointed_at(path):
+                kernel._cache = _tolerant_cache()(function)  # what numba's ``enable_caching`` sets
+        return kernel
 
     return decorate
+
+
+@functools.cache
+def _tolerant_cache() -> type:
+    from numba.core.caching import FunctionCache
+
+    class TolerantCache(FunctionCache):
+        """numba's on-disk cache of a function, where an entry that cannot be read (a damaged or
+        truncated file) is a miss: compiled again and written over. numba raises instead, and a
+        kernel that fails to load would leave the codec on torch's slower operations for good, or
+        fail a request whose kernel compiles on first use (``frequencies``)."""
+
+        def load_overload(self, sig: Any, target_context: Any) -> Any:
+            try:
+                return super().load_overload(sig, target_context)
+            except Exception as exc:  # unpickling a damaged file raises many types
+                logger.warning("a cached exact kernel could not be read (%s: %s): compiled again",
+                               type(exc).__name__, exc)
+                return None
+
+    return TolerantCache
 
 
 @contextlib.contextmanager
