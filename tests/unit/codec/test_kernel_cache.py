@@ -123,3 +123,13 @@ def test_a_damaged_cache_entry_is_compiled_again_and_written_over(cache_dir: Pat
     damaged(np.array([1.0, -2.0, 0.5]), out)
     assert out.tolist() == [2.0, -4.0, 1.0]
     assert sum(_compiled(twice).stats.cache_hits.values()) == 1
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '"text"', '{"k": 5}', '{"k": [1]}'])
+def test_a_verdict_file_that_cannot_be_read_counts_as_no_verdict(cache_dir: Path, text: str) -> None:
+    first = kernel_cache.inspected([_compiled(twice)], RETURN)
+    (cache_dir / "verdicts.json").write_text(text)
+    assert kernel_cache.read_verdicts(cache_dir) == {}
+    loaded = _compiled(twice)
+    assert kernel_cache.inspected([loaded], RETURN) == first
+    assert sum(loaded.stats.cache_misses.values()) == 1

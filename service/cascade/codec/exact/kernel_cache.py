@@ -1,9 +1,10 @@
 """The compiled exact kernels kept on disk between processes (numba's cache), with the inspection verdict
 that makes cached machine code as trustworthy as freshly compiled code.
 
-Why: numba compiles the fused kernels again in every process that loads an exact model: ~45 s on a
-2-core AVX2 host (compile 40 s, inspection 6 s), paid by every service start, every replica and every
-test process that starts one. With this cache a process after the first loads them in a few seconds.
+Why: numba compiled the fused kernels again in every process that loaded an exact model, 50–58 s on
+a 2-core AVX2 host with their inspection, paid by every service start, every replica and every test
+process that starts one. With this cache a process after the first loads them in under a second
+(``benchmarks/bench_kernel_cache.py``).
 
 Why it cannot change a bit or admit a contracted kernel:
 
@@ -153,10 +154,16 @@ def _key(kernel: Any, signature: Any, pattern: re.Pattern[str]) -> str:
 
 
 def read_verdicts(path: Path | None) -> dict[str, list[str]]:
+    """The verdicts recorded in ``path``; a file that cannot be read, or an entry that is not a list of
+    findings, counts as no verdict (its kernel is compiled again and inspected)."""
     try:
-        return dict(json.loads((path / _VERDICTS).read_text())) if path is not None else {}
+        data = json.loads((path / _VERDICTS).read_text()) if path is not None else {}
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {key: found for key, found in data.items()
+            if isinstance(found, list) and all(isinstance(f, str) for f in found)}
 
 
 def _write_verdicts(path: Path, new: dict[str, list[str]]) -> None:
