@@ -133,3 +133,15 @@ def test_a_verdict_file_that_cannot_be_read_counts_as_no_verdict(cache_dir: Path
     loaded = _compiled(twice)
     assert kernel_cache.inspected([loaded], RETURN) == first
     assert sum(loaded.stats.cache_misses.values()) == 1
+
+
+def test_a_numba_whose_cache_cannot_be_set_up_compiles_in_every_process(
+        cache_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def missing() -> type:
+        raise ImportError("numba.core.caching moved")
+
+    monkeypatch.setattr(kernel_cache, "_tolerant_cache", missing)
+    kernel = _compiled(twice)
+    assert kernel.stats.cache_path is None
+    assert "compiled in every process" in caplog.text
+    assert kernel_cache.inspected([kernel], RETURN)

@@ -106,8 +106,12 @@ def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
         kernel = numba.njit(cache=False, **options)(function)
         path = directory()
         if path is not None:
-            with _pointed_at(path):
-                kernel._cache = _tolerant_cache()(function)  # what numba's ``enable_caching`` sets
+            try:
+                with _pointed_at(path):
+                    kernel._cache = _tolerant_cache()(function)  # what numba's ``enable_caching`` sets
+            except Exception as exc:  # another numba's caching internals (the GPU flavour's numba is vLLM's)
+                logger.warning("exact kernel %s is compiled in every process (%s: %s)", function.__name__,
+                               type(exc).__name__, exc)
         return kernel
 
     return decorate
