@@ -13,13 +13,7 @@ import torch
 
 from cascade.codec.exact import root, tables
 from cascade.codec.exact.grid import ACT8, ACT16, FP32_EXACT, FP64_EXACT, rint, rint_
-from cascade.codec.exact.int8_gemm import (
-    INT32_TERMS,
-    column_major,
-    int8_gemm_is_exact,
-    int8_gemm_is_faster,
-    int8_matmul,
-)
+from cascade.codec.exact.int8_gemm import column_major, int8_gemm_is_exact, int8_gemm_is_faster, int8_matmul
 
 F32_COLUMNS = 1024
 """Outputs per block of the float32 path (a block of 1,024 × 576 weights is 2.4 MB as float32)."""
@@ -76,8 +70,7 @@ class QuantLinear:
         self.device = device
         self.bias = None if bias is None else bias.to(device=device, dtype=torch.float64)
         # Speed first: where the int8 GEMM is slower (AVX2 hosts) its exactness probe, ~2 s there, is moot.
-        self.int8_gemm = (int8_gemm and self.in_features <= INT32_TERMS
-                          and int8_gemm_is_faster(self.device, self.in_features, self.out_features)
+        self.int8_gemm = (int8_gemm and int8_gemm_is_faster(self.device, self.in_features, self.out_features)
                           and int8_gemm_is_exact(self.device, self.in_features, self.out_features))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
