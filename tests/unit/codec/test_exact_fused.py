@@ -287,6 +287,7 @@ def _the_fused_output_layer_gives_the_torch_paths_integer_logits(name: str) -> N
     assert torch.equal(model.logits(hidden), expected)
     assert torch.equal(model.logits(hidden[1:2]), expected[1:2])  # one row: the streamed product
     assert torch.equal(model.logits(hidden[1:3]), expected[1:3])  # two rows: four digit rows, streamed too
+    assert torch.equal(model.logits(hidden[:32]), expected[:32])  # streamed where the float32 pieces would not be
     flat = torch.full((1, model.config.hidden_size), 2.5, dtype=torch.float64)  # every element corrected
     assert torch.equal(model.logits(flat),
                        rint_(model.logits_before_rounding(flat).clamp_(-RINT_LIMIT, RINT_LIMIT)).to(torch.int64))
@@ -314,7 +315,7 @@ def test_a_layer_of_a_few_cached_rows_in_one_launch_equals_the_layer_step_by_ste
     contexts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 9, 40, 23)]
     cache = model.allocate_cache(4, 64)
     model.prefill(contexts, cache, [0, 1, 2, 3])
-    for rows, positions in [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 1)]:
+    for rows, positions in [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (1, 17), (4, 8), (2, 17)]:
         row_ids = torch.tensor([r for r in (3, 0, 2, 1)[:rows] for _ in range(positions)])
         at = torch.cat([cache.lengths[r] + torch.arange(positions) for r in (3, 0, 2, 1)[:rows]])
         tokens = torch.randint(0, vocab, (rows * positions,), generator=g)
@@ -322,7 +323,8 @@ def test_a_layer_of_a_few_cached_rows_in_one_launch_equals_the_layer_step_by_ste
                                            cache.lengths.clone()) for _ in range(2))
         with mock.patch.object(fused, "cached_layer", wraps=fused.cached_layer) as one_launch:
             fast = model.verify(tokens, fast_cache, row_ids, at)
-        streamed = rows * positions <= fused.STREAMED_ROWS  # larger passes run their products as GEMMs
+        streamed = all(rows * positions <= fused.streamed_rows(linear.int8_gemm)  # larger ones go to a GEMM
+                       for linear in model.layers[0].linears())
         assert one_launch.call_count == (model.config.num_layers if streamed else 0)
         with step_by_step():
             steps = model.verify(tokens, steps_cache, row_ids, at)

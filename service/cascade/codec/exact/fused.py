@@ -623,7 +623,7 @@ def cached_layer(x: Array, squares: Array, positions: Array, cache_rows: Array, 
     """One decoder layer of a few cached rows in one launch (``kernels.CompiledKernels.layer``): ``x`` and its
     rows' ``mean_square + eps`` → the layer's output and its own. ``layer``: the layer's constants as arrays
     (``kernels.CompiledKernels._layer_arrays``: attention gain, q/k/v rows, scale, bias, output projection's,
-    MLP gain, gate/up's, down's). Every product streams (``int8_product``: at most ``STREAMED_ROWS`` rows).
+    MLP gain, gate/up's, down's). Every product streams (``int8_product``: at most ``streamed_rows`` rows).
 
     Why: a one-row decode step made ~300 launches from Python, and each launch's Python call, operand
     conversions and allocations cost more than most of the kernels themselves (one launch per layer: a
@@ -641,9 +641,22 @@ def cached_layer(x: Array, squares: Array, positions: Array, cache_rows: Array, 
 
 
 STREAMED_ROWS = 4
-"""Products of at most this many rows run as ``int8_product``; larger ones through the host's GEMM, which
-overtakes the streaming loop at ~5 rows on this machine (SmolLM2's 120 layer products: 1 row 7.3 → 4.4 ms,
+"""Products of at most this many rows run as ``int8_product`` where the host's int8 GEMM would take them, which
+overtakes the streaming loop at ~5 rows (AVX-512 host, SmolLM2's 120 layer products: 1 row 7.3 → 4.4 ms,
 4 rows 9.3 → 6.9 ms, 8 rows 10.4 → 13.4 ms; benchmarks/RESULTS.md, "A one-row product streams the weights")."""
+
+PIECES_STREAMED_ROWS = 32
+"""Products of at most this many rows run as ``int8_product`` where the float32 pieces would take them (hosts
+whose int8 GEMM is slower or inexact, e.g. AVX2 ones): the pieces convert every weight to float32 per call,
+which costs more than streaming dozens of rows (Zen 3, SmolLM2's 120 layer products, streamed / pieces:
+5 rows 17 / 52 ms, 16 rows 49 / 80 ms, 32 rows 83 / 105 ms, 48 rows 152 / 146 ms; its output layer 5 rows
+9.8 / 40 ms, 32 rows 56 / 70 ms; benchmarks/RESULTS.md, "Drafted passes on an AVX2 host")."""
+
+
+def streamed_rows(int8_gemm: bool) -> int:
+    """The most rows a product streams (``int8_product``) before the host's GEMM takes it: the int8 GEMM
+    (``int8_gemm``) or the float32 pieces."""
+    return STREAMED_ROWS if int8_gemm else PIECES_STREAMED_ROWS
 
 
 def int8_product(m: Array, weight_rows: Array) -> Any:

@@ -354,7 +354,7 @@ class CompiledKernels(Kernels):
     @staticmethod
     def _streams(rows: int, linear: QuantLinear) -> bool:
         """Whether a product of ``rows`` int8 rows with ``linear`` runs as ``fused.int8_product``."""
-        return rows <= fused.STREAMED_ROWS and linear.in_features <= INT32_TERMS
+        return rows <= fused.streamed_rows(linear.int8_gemm) and linear.in_features <= INT32_TERMS
 
     def _product(self, linear: QuantLinear, m: Any) -> Values:
         """``m @ W`` as exact integers: streamed (``fused.int8_product``) for a few rows, else the host's GEMM."""
@@ -441,10 +441,10 @@ class CompiledKernels(Kernels):
         """A few rows stream over the weights as two int8 digit rows each (``fused.byte_product``); more go
         through the host's int8 GEMM as three digit rows each, or the float32 pieces where that GEMM does
         not serve; the same integers either way. Up to two rows stream where the int8 GEMM would take
-        more, up to ``STREAMED_ROWS`` where the float32 pieces would (SmolLM2's head on a Zen 3: 3 rows
-        streamed 7.9 ms, as float32 pieces 18.7 ms; the streamed cost grows ~2.6 ms a row, the pieces' ~1.5)."""
-        streamed_rows = self._streams(2 * hidden.shape[0], head) or (
-            not head.int8_gemm and self._streams(hidden.shape[0], head))
+        more (a row's two digit rows are two streamed rows), up to ``fused.PIECES_STREAMED_ROWS`` where the
+        float32 pieces would (SmolLM2's head on a Zen 3, streamed / pieces: 3 rows 6.0 / 34.6 ms, 32 rows
+        56 / 70 ms)."""
+        streamed_rows = self._streams(2 * hidden.shape[0] if head.int8_gemm else hidden.shape[0], head)
         if streamed_rows and head.in_features <= BYTE_TERMS:
             digits, steps, fix_index, fix_value, fix_count = fused.norm_bytes(hidden, self._constant(gain),
                                                                               self.g.rms_norm_eps)
