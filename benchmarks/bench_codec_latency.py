@@ -1,10 +1,11 @@
 """Decompression latency of small inputs: speculative exact decoding and the lane plan, as ratios.
 
-    python benchmarks/bench_codec_latency.py [--model-dir DIR] [--sizes 1024,4096] [--kinds code,prose]
+    python benchmarks/bench_codec_latency.py [--model-dir DIR] [--sizes 1024,4096] [--kinds code,prose,records]
         [--lane-tokens 1000,512,256,128] [--modes plain,ngram] [--max-draft 16] [--rounds 1] [--threads N]
         [--bits-only | --ceiling]
 
-In process (no HTTP, no tokenizer time): held-out code and prose (``bench_codec``'s), tokenized with
+In process (no HTTP, no tokenizer time): held-out code and prose (``bench_codec``'s) and seeded JSON
+records (``records``: structured text that repeats), tokenized with
 the model's tokenizer, coded as ONE segment (what a small input is) with lanes of each
 ``--lane-tokens`` under ``[</s>]``, then decoded by a runner without speculation (``max_draft=0``,
 today's decoder: one token per lane per step) and by one with it, in the same run. Per row: the
@@ -19,10 +20,10 @@ the machine's load.
 
 ``--replay N``: no model — each draft source replayed on ``N`` consecutive held-out pieces of each
 kind and size (the default plan's lanes; a draft is accepted while it equals the text, which is what
-the exact decoder gives), priced with the one-row pass costs ``bench_exact_pass_cost.py`` measures
-(``--row-cost``, ``--first-cost``, ``--further-cost``: a step's extra rows, a row's first drafted
-position and each further one, in one-row steps): the speed-up over plain decoding across many texts,
-where the timed rows see one.
+the exact decoder gives, and a step decodes the lanes in turn as the runner does), priced with the
+one-row pass costs ``bench_exact_pass_cost.py`` measures (``--row-cost``, ``--first-cost``,
+``--further-cost``: a step's extra rows, a row's first drafted position and each further one, in
+one-row steps): the speed-up over plain decoding across many texts, where the timed rows see one.
 
 ``--ceiling``: what any drafter that guesses tokens without running the model can reach at best —
 the share of tokens that are the model's own top-1 choice, and the tokens per step of an *oracle*
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import random
 import statistics
 import sys
 import time
@@ -49,6 +52,24 @@ from cascade.codec.exact.model import ExactLlama  # noqa: E402
 from cascade.codec.exact.runner import ExactRunner, single_threaded  # noqa: E402
 from cascade.codec.lanes import lane_lengths, split_lanes  # noqa: E402
 from cascade.predict.token_source import TokenNgramSource  # noqa: E402
+
+
+def records(limit: int) -> bytes:
+    """JSON lines of generated records (seeded): the repeating, structured text drafts are for."""
+    rng = random.Random(7)
+    names = ["ada", "grace", "alan", "edsger", "barbara", "donald", "frances", "ken", "dennis", "margaret"]
+    out = bytearray()
+    i = 0
+    while len(out) < limit:
+        name = rng.choice(names)
+        out += json.dumps({"id": i, "user": f"{name}{rng.randrange(100)}", "email": f"{name}@example.org",
+                           "active": rng.random() < 0.7, "score": round(rng.uniform(0, 100), 2),
+                           "tags": rng.sample(["a", "b", "c", "d", "e"], rng.randrange(1, 4))}).encode() + b"\n"
+        i += 1
+    return bytes(out[:limit])
+
+
+KINDS = {"code": held_out_code, "prose": held_out_prose, "records": records}
 
 
 async def decode_once(runner: ExactRunner, prompt: list[int], lengths: list[int], payload: bytes, top_k: int
@@ -78,7 +99,7 @@ def ceiling(model: ExactLlama, tokenizer: Any, args: argparse.Namespace) -> None
     print("|---|---|---|---|---|---|")
     prompt = [int(tokenizer.eos_token_id or 0)]
     for kind in args.kinds.split(","):
-        source = held_out_code if kind == "code" else held_out_prose
+        source = KINDS[kind]
         for size in (int(x) for x in args.sizes.split(",")):
             ids = list(tokenizer.encode(source(size).decode("utf-8", "ignore"), add_special_tokens=False))
             lane = ids[:int(args.lane_tokens.split(",")[0])]
@@ -108,21 +129,37 @@ def pass_cost(drafts: list[int], args: argparse.Namespace) -> float:
 
 
 def replay_cost(lanes: list[list[int]], source: Any, max_draft: int, args: argparse.Namespace) -> float:
-    """The passes a segment's decode takes with ``source``'s drafts (none with ``max_draft`` 0), priced."""
+    """The passes a segment's decode takes with ``source``'s drafts (none with ``max_draft`` 0), priced.
+    As the runner: the segment's lanes draft together (``SegmentDrafts.propose``, at most 32 positions a
+    pass), and a step decodes the lanes' streams in turn, from the lane where the last one stopped, up to
+    the first lane whose next distribution the pass did not compute."""
     drafts = SegmentDrafts(source, [0], len(lanes), max(1, max_draft))
     done = [0] * len(lanes)
-    total = 0.0
+    next_lane, total = 0, 0.0
     while running := [i for i, lane in enumerate(lanes) if done[i] < len(lane)]:
-        longest = max(len(lanes[i]) - done[i] for i in running)  # as the runner: only the longest lanes draft
-        guesses = {i: drafts.propose(i, lanes[i][:done[i]], len(lanes[i]) - done[i] - 1)
-                   if max_draft and len(lanes[i]) - done[i] == longest else [] for i in running}
-        total += pass_cost([len(guesses[i]) for i in running], args)
+        left = [len(lanes[i]) - done[i] for i in running]
+        guesses = (drafts.propose(running, [lanes[i][:done[i]] for i in running], left, 32 - len(running),
+                                  len(running)) if max_draft else [[] for _ in running])
+        total += pass_cost([len(g) for g in guesses], args)
+        draft = dict(zip(running, guesses, strict=True))
+        decoded: dict[int, list[int]] = {i: [] for i in running}
+        walking, at = list(running), running.index(next_lane)
+        while walking:
+            i = walking[at]
+            used = len(decoded[i])
+            if used > len(draft[i]) or (used and decoded[i][-1] != draft[i][used - 1]):
+                break
+            decoded[i].append(lanes[i][done[i] + used])
+            if done[i] + used + 1 < len(lanes[i]):
+                at += 1
+            else:
+                walking.pop(at)
+            if walking:
+                at %= len(walking)
+        next_lane = walking[at] if walking else 0
         for i in running:
-            accepted = 0
-            while accepted < len(guesses[i]) and guesses[i][accepted] == lanes[i][done[i] + accepted]:
-                accepted += 1
-            drafts.record(i, len(guesses[i]), accepted, lanes[i][done[i]:done[i] + accepted + 1])
-            done[i] += accepted + 1
+            drafts.record(i, decoded[i])
+            done[i] += len(decoded[i])
     return total
 
 
@@ -137,7 +174,7 @@ def replay(tokenizer: Any, args: argparse.Namespace) -> None:
     print("| text | bytes | pieces | " + " | ".join(f"{m} × plain" for m in modes) + " |")
     print("|---|---|---|" + "---|" * len(modes))
     for kind in args.kinds.split(","):
-        source = held_out_code if kind == "code" else held_out_prose
+        source = KINDS[kind]
         for size in (int(x) for x in args.sizes.split(",")):
             text = source(size * args.replay)
             pieces = [text[i:i + size] for i in range(0, len(text) - size + 1, size)]
@@ -201,7 +238,7 @@ async def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for kind in args.kinds.split(","):
-            source = held_out_code if kind == "code" else held_out_prose
+            source = KINDS[kind]
             for size in (int(x) for x in args.sizes.split(",")):
                 data = source(size)
                 ids = list(tokenizer.encode(data.decode("utf-8", "ignore"), add_special_tokens=False))

@@ -105,10 +105,11 @@ def test_any_drafts_decode_exactly_the_tokens_of_the_plain_decoder(n: int, lane:
         guessing.close()
 
 
-def test_always_wrong_drafts_cost_no_extra_steps_and_right_drafts_save_them() -> None:
+def test_wrong_drafts_cost_no_extra_steps_and_stop_while_right_drafts_grow_and_save_steps() -> None:
     """Counted, not timed: with the truth as drafts a single-lane segment of 60 tokens takes a handful
-    of steps; with always-wrong drafts exactly as many steps as tokens (one per step, as without).
-    Distinct tokens, so the scripted drafter's match is unique."""
+    of steps; with always-wrong drafts exactly as many steps as tokens (one per step, as without), and
+    the lane stops drafting after its first misses (it only guesses). Distinct tokens, so the scripted
+    drafter's match is unique."""
     tokens = random.Random(5).sample(range(8, VOCAB), 60)  # none of the prompt's ids
     counts = {}
     for name, rate in (("right", 0.0), ("wrong", 1.0)):
@@ -116,13 +117,12 @@ def test_always_wrong_drafts_cost_no_extra_steps_and_right_drafts_save_them() ->
                              draft_source=lambda rate=rate: _Scripted([tokens], rate, 1))  # type: ignore[misc]
         try:
             assert _round_trip(runner, tokens, 60) == [tokens]
-            counts[name] = (runner.stats.decode_steps, runner.stats.tokens_per_row_step(),
-                            runner.stats.accepted_tokens)
+            counts[name] = (runner.stats.decode_steps, runner.stats.accepted_tokens, runner.stats.drafted_tokens)
         finally:
             runner.close()
-    assert counts["wrong"][0] == 60 and counts["wrong"][2] == 0
-    # nothing to draft from the prompt alone, then drafts of 4, 8, 16, 16: steps of 1, 5, 9, 17, 17, 11 tokens
-    assert counts["right"][0] == 6 and counts["right"][1] == 10.0 and counts["right"][2] == 54
+    assert counts["wrong"][0] == 60 and counts["wrong"][1] == 0 and counts["wrong"][2] <= 2
+    # one drafted token first, longer as the guesses keep being right, up to 16
+    assert counts["right"] == (10, 50, 50)
 
 
 def test_the_ngram_drafter_saves_steps_on_repetitive_text_and_decodes_exactly() -> None:
@@ -132,8 +132,8 @@ def test_the_ngram_drafter_saves_steps_on_repetitive_text_and_decodes_exactly() 
     runner = ExactRunner(tiny_model(), VOCAB)
     try:
         assert _round_trip(runner, tokens, 48) == split_lanes(tokens, 48)
-        assert runner.stats.decode_steps < 48 // 2
-        assert runner.stats.tokens_per_row_step() > 2.0
+        assert runner.stats.decode_steps < 48 * 2 // 3
+        assert runner.stats.tokens_per_row_step() > 1.5
     finally:
         runner.close()
 

@@ -15,9 +15,15 @@ from typing import Protocol
 
 from cascade.predict.token_source import TokenNgramSource
 
-INITIAL_DRAFT = 4
 CONTEXT_TOKENS = 32
 PROMPT_KEY = "prompt"
+POSITION_COST = 0.5
+"""A drafted position's cost in one-row steps, about (``bench_exact_pass_cost.py``: 0.45–0.53 on an AVX2
+Zen 3, 0.17–0.28 on an AVX-512 host): the higher, so that drafts pay on either."""
+HIT_MEMORY = 0.125
+"""Weight of the newest guess in a lane's running rates."""
+HIT_START, FOLLOW_START = 0.6, 0.7
+"""A lane's rates before its first guess: one drafted token, growing as its guesses hit."""
 
 
 class DraftSource(Protocol):
@@ -39,35 +45,81 @@ def ngram_source() -> DraftSource:
 
 
 class SegmentDrafts:
-    """One decode segment's draft source (its context and every lane's decoded tokens) and each lane's
-    draft length, which adapts to the lane's acceptance: doubled (up to ``max_draft``) when a whole
-    draft was accepted, halved (down to 1) when the draft missed."""
+    """One decode segment's draft source (its context and every lane's decoded tokens) and its drafts,
+    chosen from its lanes' running rates: how often a lane's guess for its next token is right, and how
+    often a guessed token after a right one is right too — judged every step against the tokens decoded,
+    drafted or not (a guess not drafted costs a lookup, no pass). The segment drafts as many rounds as
+    the chance that a round is used is worth its positions in a pass of its rows (``worth_drafting``;
+    ``propose``), and only guesses when the first round is not.
+
+    Why: a drafted position costs about as much as another row of the pass (compute, not the weights'
+    stream), so guesses must be right at least that often to pay, and more often the more rows a pass
+    already has; and a round is used only if all its lanes' guesses are right. Lanes that drafted on
+    their own, doubling after each whole accept, slowed decoding down (held-out 16 KB of code, SmolLM2,
+    Zen 3: decode 0.82× without drafts, steps 768 → 752). Replayed with the decoder's walk on 12 held-out
+    pieces each of code, prose and JSON records of 1, 4 and 16 KB: at Zen 3's pass costs 0.54–0.98×
+    plain decoding before, 0.995–1.04× now; at an AVX-512 host's 0.62–1.27× before, 1.00–1.23× now
+    (``bench_codec_latency.py --replay 12``; benchmarks/RESULTS.md, "Drafted passes on an AVX2 host")."""
 
     def __init__(self, source: DraftSource, prompt: Sequence[int], lanes: int, max_draft: int) -> None:
         self.source = source
         self.prompt = list(prompt)
         self.max_draft = max_draft
-        self.lengths = [min(INITIAL_DRAFT, max_draft)] * lanes
+        self.hit_rates = [HIT_START] * lanes
+        self.follow_rates = [FOLLOW_START] * lanes
+        self.guesses: list[list[int]] = [[] for _ in range(lanes)]
         source.add(PROMPT_KEY, self.prompt[1:])  # the separator is no text
 
-    def propose(self, lane: int, decoded: Sequence[int], room: int) -> list[int]:
-        """At most ``room`` tokens guessed to follow ``decoded`` in ``lane`` (may be none)."""
-        k = min(self.lengths[lane], room)
-        if k <= 0:
-            return []
-        tail = list(decoded[-CONTEXT_TOKENS:])
-        if len(tail) < CONTEXT_TOKENS:
-            tail = self.prompt[len(self.prompt) - (CONTEXT_TOKENS - len(tail)):] + tail
-        return [int(t) for t in self.source.propose(tail, k)[:k]]
+    def propose(self, lanes: Sequence[int], decoded: Sequence[Sequence[int]], left: Sequence[int], room: int,
+                rows: int = 1) -> list[list[int]]:
+        """Drafts for a step of the segment's running ``lanes`` (their ``decoded`` tokens, tokens ``left``
+        to decode), at most ``room`` tokens in all, in a pass of ``rows`` rows; each may be empty.
 
-    def record(self, lane: int, drafted: int, accepted: int, tokens: Sequence[int]) -> None:
-        """``tokens`` were decoded in ``lane`` this step, ``accepted`` of its ``drafted`` draft tokens among them."""
+        The decoder walks the lanes' streams in turn, a token of each lane per round, and stops at the
+        first lane whose next distribution was not computed: a drafted round is used only if every lane
+        still decoding then drafted it and all were right. So the segment drafts whole rounds, as many as
+        the chance that a round is used (the product of its lanes' chances) is worth a position per lane."""
+        k = min(self.max_draft, room // max(1, len(lanes)))
+        guesses = [self._guess(lane, done, min(k, n - 1)) for lane, done, n in zip(lanes, decoded, left, strict=True)]
+        worth, chance, rounds = worth_drafting(rows), 1.0, 0
+        while rounds < k:
+            for lane, guess, n in zip(lanes, guesses, left, strict=True):
+                if n > rounds + 1:  # this lane decodes in round rounds + 1
+                    right = (self.follow_rates if rounds else self.hit_rates)[lane] if len(guess) > rounds else 0.0
+                    chance *= right
+            if chance < worth:
+                break
+            rounds += 1
+        return [guess[:rounds] for guess in guesses]
+
+    def _guess(self, lane: int, decoded: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens guessed to follow ``decoded`` in ``lane``, kept to be judged by ``record``."""
+        guess: list[int] = []
+        if k > 0:
+            tail = list(decoded[-CONTEXT_TOKENS:])
+            if len(tail) < CONTEXT_TOKENS:
+                tail = self.prompt[len(self.prompt) - (CONTEXT_TOKENS - len(tail)):] + tail
+            guess = [int(t) for t in self.source.propose(tail, k)[:k]]
+        self.guesses[lane] = guess
+        return guess
+
+    def record(self, lane: int, tokens: Sequence[int]) -> None:
+        """``tokens`` were decoded in ``lane`` this step (its accepted drafts and the token after them)."""
         self.source.add(lane, tokens)
-        if drafted:
-            if accepted == drafted:
-                self.lengths[lane] = min(self.max_draft, 2 * self.lengths[lane])
-            else:
-                self.lengths[lane] = max(1, self.lengths[lane] // 2)
+        guess, self.guesses[lane] = self.guesses[lane], []
+        for j, (guessed, token) in enumerate(zip(guess, tokens, strict=False)):  # as far as both go
+            right = guessed == int(token)
+            rates = self.follow_rates if j else self.hit_rates
+            rates[lane] += HIT_MEMORY * (right - rates[lane])
+            if not right:
+                break
+
+
+def worth_drafting(rows: int) -> float:
+    """The chance of being used at which a drafted round pays in a pass of ``rows`` rows (of one segment):
+    the round costs ``POSITION_COST`` of a one-row step per row, and a used round saves a step, which
+    costs ``1 + POSITION_COST·(rows − 1)``."""
+    return POSITION_COST * rows / (1 + POSITION_COST * (rows - 1))
 
 
 DraftSourceFactory = Callable[[], DraftSource]

@@ -601,28 +601,25 @@ class ExactRunner:
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
 
     def _drafts(self) -> list[list[int]]:
-        """Each row's draft: never past the lane's second-to-last token (its last is never fed), and all
-        drafts of a pass together at most ``pass_positions`` minus the rows: a full batch is already
-        as fast per token as the hardware goes, so drafts only fill a small one (decoding at 32 rows
-        runs as without speculation). Only a segment's lanes with the most tokens left draft: a segment
-        is done when its longest lane is, so a token a shorter lane gains saves no step, while its draft
-        costs the pass ~0.1–0.3 of a step (SmolLM2, 12 held-out 4 KB pieces, 768 + 545 tokens, replayed:
-        1.087× → 1.104× plain for code, 1.056× → 1.079× for prose)."""
+        """Each row's draft (``SegmentDrafts.propose``, a segment's lanes together): never past the lane's
+        second-to-last token (its last is never fed), and all drafts of a pass together at most
+        ``pass_positions`` minus the rows: a full batch is already as fast per token as the hardware
+        goes, so drafts only fill a small one (decoding at 32 rows runs as without speculation)."""
         owners, lanes = self._cohort.owners, self._cohort.lanes
         room = self.pass_positions - len(owners)
-        left = [job.lengths[lane] - len(job.decoded[lane]) for job, lane in zip(owners, lanes, strict=True)]
-        longest: dict[_DecodeJob, int] = {}
-        for job, n in zip(owners, left, strict=True):
-            longest[job] = max(n, longest.get(job, 0))
-        out: list[list[int]] = []
-        for job, lane, n in zip(owners, lanes, left, strict=True):
-            if job.drafts is None or room <= 0 or n < longest[job]:
-                out.append([])
+        segments: dict[_DecodeJob, list[int]] = {}
+        for i, job in enumerate(owners):
+            segments.setdefault(job, []).append(i)
+        out: list[list[int]] = [[] for _ in owners]
+        for job, rows in segments.items():
+            if job.drafts is None or room <= 0:
                 continue
-            decoded = job.decoded[lane]
-            draft = job.drafts.propose(lane, decoded, min(room, n - 1))
-            room -= len(draft)
-            out.append(draft)
+            decoded = [job.decoded[lanes[i]] for i in rows]
+            left = [job.lengths[lanes[i]] - len(done) for i, done in zip(rows, decoded, strict=True)]
+            drafts = job.drafts.propose([lanes[i] for i in rows], decoded, left, room, len(owners))
+            for i, draft in zip(rows, drafts, strict=True):
+                out[i] = draft
+                room -= len(draft)
         return out
 
     def _pick(self, hidden: torch.Tensor, starts: list[int], drafts: list[list[int]]
@@ -701,7 +698,7 @@ class ExactRunner:
         job.next_lane = lanes[running[at]]
         if job.drafts is not None:
             for r in rows:
-                job.drafts.record(lanes[r], len(drafts[r]), max(0, len(decoded[r]) - 1), decoded[r])
+                job.drafts.record(lanes[r], decoded[r])
 
     def _fallback_total(self, job: _Job) -> int:
         return 1 << ESCAPE_BITS if job.weighted_escapes else self.vocab_size - job.top_k
