@@ -23,7 +23,7 @@ Zen 3, 0.17–0.28 on an AVX-512 host): the higher, so that drafts pay on either
 HIT_MEMORY = 0.125
 """Weight of the newest guess in a lane's running rates."""
 HIT_START, FOLLOW_START = 0.6, 0.7
-"""A lane's rates before its first guess: one drafted token, growing as its guesses hit."""
+"""A lane's rates before its first guess: a lone lane drafts one token, and more as its guesses prove right."""
 
 
 class DraftSource(Protocol):
