@@ -444,8 +444,8 @@ class CompiledKernels(Kernels):
         more (a row's two digit rows are two streamed rows), up to ``fused.PIECES_STREAMED_ROWS`` where the
         float32 pieces would (SmolLM2's head on a Zen 3, streamed / pieces: 3 rows 6.0 / 34.6 ms, 32 rows
         56 / 70 ms)."""
-        streamed_rows = self._streams(2 * hidden.shape[0] if head.int8_gemm else hidden.shape[0], head)
-        if streamed_rows and head.in_features <= BYTE_TERMS:
+        streamed = self._streams(2 * hidden.shape[0] if head.int8_gemm else hidden.shape[0], head)
+        if streamed and head.in_features <= BYTE_TERMS:
             digits, steps, fix_index, fix_value, fix_count = fused.norm_bytes(hidden, self._constant(gain),
                                                                               self.g.rms_norm_eps)
             totals = fused.byte_product(digits, fix_index, fix_value, fix_count, self._weight_rows(head))

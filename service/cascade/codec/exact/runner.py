@@ -581,7 +581,8 @@ class ExactRunner:
             return
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
         start = time.perf_counter()
-        drafts = self._drafts()
+        segments = self._segments()
+        drafts = self._drafts(segments)
         hidden, starts = cohort.step(drafts)
         picked = time.perf_counter()
         # counted before any job is answered (a caller may read them as soon as its future is done)
@@ -589,7 +590,7 @@ class ExactRunner:
         self._prefill_credit = min(self.prefill_tokens, self._prefill_credit + self.interleave_tokens * len(drafts))
         self.stats.row_steps += len(drafts)
         self.stats.drafted_tokens += sum(len(d) for d in drafts)
-        decoded, keep = self._pick(hidden, starts, drafts)
+        decoded, keep = self._pick(hidden, starts, drafts, segments)
         model_start = time.perf_counter()
         cohort.advance([len(tokens) for tokens in decoded],
                        [tokens[-1] if tokens else pending for tokens, pending in zip(decoded, cohort.pending,
@@ -600,16 +601,20 @@ class ExactRunner:
         self.stats.pick_seconds += model_start - picked
         self.stats.peak_kv_bytes = max(self.stats.peak_kv_bytes, cohort.nbytes())
 
-    def _drafts(self) -> list[list[int]]:
+    def _segments(self) -> dict[_DecodeJob, list[int]]:
+        """The cohort's rows of each decode segment (a segment's rows in lane order)."""
+        segments: dict[_DecodeJob, list[int]] = {}
+        for i, job in enumerate(self._cohort.owners):
+            segments.setdefault(job, []).append(i)
+        return segments
+
+    def _drafts(self, segments: dict[_DecodeJob, list[int]]) -> list[list[int]]:
         """Each row's draft (``SegmentDrafts.propose``, a segment's lanes together): never past the lane's
         second-to-last token (its last is never fed), and all drafts of a pass together at most
         ``pass_positions`` minus the rows: a full batch is already as fast per token as the hardware
         goes, so drafts only fill a small one (decoding at 32 rows runs as without speculation)."""
         owners, lanes = self._cohort.owners, self._cohort.lanes
         room = self.pass_positions - len(owners)
-        segments: dict[_DecodeJob, list[int]] = {}
-        for i, job in enumerate(owners):
-            segments.setdefault(job, []).append(i)
         out: list[list[int]] = [[] for _ in owners]
         for job, rows in segments.items():
             if job.drafts is None or room <= 0:
@@ -622,8 +627,8 @@ class ExactRunner:
                 room -= len(draft)
         return out
 
-    def _pick(self, hidden: torch.Tensor, starts: list[int], drafts: list[list[int]]
-              ) -> tuple[list[list[int]], list[int]]:
+    def _pick(self, hidden: torch.Tensor, starts: list[int], drafts: list[list[int]],
+              segments: dict[_DecodeJob, list[int]]) -> tuple[list[list[int]], list[int]]:
         """Each segment's tokens from its stream, in the order ``encode_lanes`` wrote them: lanes in turn,
         from the lane whose symbol is next, each from its next distribution of this pass, while that
         distribution is valid — the row's draft matched every token decoded before it. Returns the
@@ -637,9 +642,6 @@ class ExactRunner:
         tables = _Distributions(self.model, hidden, settings)
         tables.build(starts)
         decoded: list[list[int]] = [[] for _ in range(n)]
-        segments: dict[_DecodeJob, list[int]] = {}
-        for i, job in enumerate(owners):
-            segments.setdefault(job, []).append(i)
         for job, rows in segments.items():
             if not job.done:
                 self._decode_segment(job, rows, tables, starts, drafts, decoded)
