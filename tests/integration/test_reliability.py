@@ -436,8 +436,10 @@ def test_engine_death_fails_inflight_with_503_and_exits_non_zero(tmp_path_factor
 
 @pytest.fixture(scope="module")
 def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """Tight limits, and a codec whose start-up self-test is made to fail (one service for both: each
+    start costs about a minute of CI)."""
     svc = start_service(tmp_path_factory.mktemp("tight"), [
-        "--no-enable-predictions", "--no-enable-codec", "--max-concurrent-requests", "3",
+        "--no-enable-predictions", "--codec-selftest-fault", "--max-concurrent-requests", "3",
         "--max-tokens-limit", "300", "--drain-seconds", "60"])
     yield svc
     stop_service(svc)
@@ -486,11 +488,21 @@ def test_max_tokens_over_the_configured_limit_is_400(tight_service: Service) -> 
     assert "300" in r.json()["error"]["message"]
 
 
+def test_failed_self_test_makes_codec_answer_503_and_the_rest_still_serves(tight_service: Service) -> None:
+    with tight_service.client() as client:
+        r = client.post("/compress", json={"text": "hello"})
+        assert r.status_code == 503
+        assert "self-test" in r.json()["error"]["message"]
+        assert r.headers["retry-after"]
+        ok = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200
+
+
 def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Service) -> None:
     """Runs last in this module: it stops the tight service."""
     svc = tight_service
-    cores = engine_core_processes(svc.process.pid)
-    assert cores
+    assert engine_core_processes(svc.process.pid)
+    children = psutil.Process(svc.process.pid).children(recursive=True)
     body = {"model": MODEL, "prompt": "def f():\n", "max_tokens": 300, "ignore_eos": True, "temperature": 1.0}
     results: list[dict[str, Any] | str] = []
 
@@ -539,6 +551,6 @@ def test_sigterm_drains_inflight_refuses_new_and_exits_zero(tight_service: Servi
     assert results == [{"status": 200, "completion_tokens": 300}] * len(threads), results
     assert code == 0
     assert time.monotonic() - sent < 60
-    _, alive = psutil.wait_procs(cores, timeout=30)
-    assert not alive, f"orphan engine processes after shutdown: {alive}"
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"orphan processes after shutdown: {alive}"
     assert "engines stopped" in Path(svc.log_path).read_text(errors="replace")
