@@ -1,12 +1,13 @@
 """Interleaved A/B speed of the exact model: this checkout against another release's ``service/``.
 
 Usage: ``python benchmarks/exact_model_ab.py BASELINE_SERVICE_DIR [--rows 32] [--context 256]
-[--threads 2] [--kernels fast] [--rounds 20] [--steps 8]``. Two worker processes (one per tree) load
-pycoder-23m, prefill ``rows`` sequences of ``context`` tokens and then, round by round and in
-alternating order, each run ``steps`` decode steps of all rows (``logits(step(...))``) and one
-prefill + logits of 8 × ``context`` tokens. Both see the same machine load within a round, so the
-ratio of their medians is meaningful on a shared, loaded machine where single runs are not. Prints a
-table of medians and ratios (this checkout ÷ baseline).
+[--threads 2] [--kernels fast] [--rounds 20] [--steps 8] [--model-dir models/pycoder-23m]
+[--prefill 8]``. Two worker processes (one per tree) load the model, prefill ``rows`` sequences of
+``context`` tokens and then, round by round and in alternating order, each run ``steps`` decode steps
+of all rows (``logits(step(...))``) and one prefill + logits of ``--prefill`` × ``context`` tokens (0:
+none). Both see the same machine load within a round, so the ratio of their medians is meaningful on a
+shared, loaded machine where single runs are not. Prints a table of medians and ratios (this checkout
+÷ baseline).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def worker(service: str, rows: int, context: int, threads: int, kernels: str, extra: int) -> None:
+def worker(service: str, model_dir: str, rows: int, context: int, threads: int, kernels: str, extra: int) -> None:
     sys.path[:0] = [service]
     import torch
     from cascade.codec.exact.model import ExactLlama
 
     torch.set_num_threads(threads)
-    model = ExactLlama.from_pretrained(REPO / "models" / "pycoder-23m", 1024, kernels=kernels)
+    model = ExactLlama.from_pretrained(Path(model_dir), 1024, kernels=kernels)
     rng = random.Random(0)
     vocab = model.config.vocab_size
     sequences = [[rng.randrange(vocab) for _ in range(context)] for _ in range(rows)]
@@ -60,18 +61,20 @@ def main() -> None:
     parser.add_argument("--kernels", default="fast")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--model-dir", default=str(REPO / "models" / "pycoder-23m"))
+    parser.add_argument("--prefill", type=int, default=8, help="sequences of --context tokens prefilled a round")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     extra = args.rounds * args.steps + 8
     if args.worker:
-        worker(args.worker, args.rows, args.context, args.threads, args.kernels, extra)
+        worker(args.worker, args.model_dir, args.rows, args.context, args.threads, args.kernels, extra)
         return
     trees = {"baseline": args.baseline, "this checkout": str(REPO / "service")}
     procs = {}
     for name, service in trees.items():
         command = [sys.executable, __file__, args.baseline, "--worker", service, "--rows", str(args.rows),
                    "--context", str(args.context), "--threads", str(args.threads), "--kernels", args.kernels,
-                   "--rounds", str(args.rounds), "--steps", str(args.steps)]
+                   "--rounds", str(args.rounds), "--steps", str(args.steps), "--model-dir", args.model_dir]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         procs[name] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -80,7 +83,7 @@ def main() -> None:
         times: dict[tuple[str, str], list[float]] = {(n, k): [] for n in trees for k in ("step", "prefill")}
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(reversed(trees))
-            for kind, count in (("step", args.steps), ("prefill", 8)):
+            for kind, count in (("step", args.steps), *((("prefill", args.prefill),) if args.prefill else ())):
                 for name in order:
                     proc = procs[name]
                     assert proc.stdin is not None and proc.stdout is not None
@@ -92,14 +95,15 @@ def main() -> None:
             if proc.stdin:
                 proc.stdin.close()
             proc.wait(timeout=60)
-    print(f"pycoder-23m, {args.rows} rows, context {args.context}, {args.threads} threads, kernels={args.kernels}, "
-          f"{args.rounds} interleaved rounds (medians)")
+    print(f"{Path(args.model_dir).name}, {args.rows} rows, context {args.context}, {args.threads} threads, "
+          f"kernels={args.kernels}, {args.rounds} interleaved rounds (medians)")
     print("| tree | decode rows/s | prefill tok/s |")
     print("|---|---|---|")
     rates = {}
     for name in trees:
         step = args.rows * args.steps / statistics.median(times[(name, "step")])
-        prefill = 8 * args.context / statistics.median(times[(name, "prefill")])
+        prefill = (args.prefill * args.context / statistics.median(times[(name, "prefill")])
+                   if args.prefill else float("nan"))
         rates[name] = (step, prefill)
         print(f"| {name} | {step:,.0f} | {prefill:,.0f} |")
     new, base = rates["this checkout"], rates["baseline"]
