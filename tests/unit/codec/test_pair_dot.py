@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cascade.codec.exact import fused
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +44,6 @@ def test_pair_dot_refuses_arrays_it_cannot_read_as_contiguous_lanes() -> None:
         _dot(a.astype(np.int32), w)
 
 
-@pytest.mark.skipif(not fused.AVAILABLE, reason="numba is not installed")
 def test_the_compiled_products_multiply_sixteen_lanes_at_a_time_on_x86() -> None:
     """What the 16-lane form is for: LLVM emits ``vpmaddwd`` (or VNNI's ``vpdpwssd``) on 256-bit or wider
     registers for it, on every x86-64 host with AVX2; elsewhere this checks only that it compiles."""

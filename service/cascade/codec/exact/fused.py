@@ -313,13 +313,6 @@ try:
                 digits[rows + r, j] = np.int8(low)
             fix_count[r] = count
 
-    @kernel_cache.njit(nogil=True, error_model="numpy", fastmath=False)
-    def _digit_sum(a: Any, w: Any) -> Any:  # pragma: no cover - compiled
-        """``Σ a·w`` of an activation row (int8 values, held as int16: see ``_int8_product``) and an int8
-        weight row, as int32 (the callers' bounds make the sum fit): ``pair_dot``, whose 16-lane pairs are
-        the full-width ``vpmaddwd`` the plain loop does not get on AVX2."""
-        return pair_dot(a, w)
-
     @kernel_cache.njit(parallel=True, nogil=True, error_model="numpy", fastmath=False)
     def _byte_product(digits: Any, weight_rows: Any, fix_index: Any, fix_value: Any, fix_count: Any,
                       out: Any) -> None:  # pragma: no cover - compiled
@@ -328,7 +321,7 @@ try:
         for j in prange(weight_rows.shape[0]):
             w = weight_rows[j]
             for r in range(rows):
-                total = np.int64(_digit_sum(wide[r], w)) * 256 + np.int64(_digit_sum(wide[rows + r], w))
+                total = np.int64(pair_dot(wide[r], w)) * 256 + np.int64(pair_dot(wide[rows + r], w))
                 for f in range(fix_count[r]):
                     total += fix_value[r, f] * np.int64(w[fix_index[r, f]])
                 out[r, j] = float(total)
@@ -346,12 +339,13 @@ try:
         """The activations are widened to int16 once, so each multiply-add sign-extends only the weights: a
         product of two or more rows is bound by arithmetic on AVX2 (a weight row is in cache for the next
         activation row), and this saves one of the four instructions per 16 terms (a 2-row product of
-        SmolLM2's layers 9.6 → 7.7 ms on an AVX2 Zen 3; one row reads memory either way)."""
+        SmolLM2's layers 9.6 → 7.7 ms on an AVX2 Zen 3; one row reads memory either way). Each sum is
+        ``pair_dot``'s, at full vector width."""
         wide = m.astype(np.int16)
         for j in prange(weight_rows.shape[0]):
             w = weight_rows[j]
             for r in range(m.shape[0]):
-                out[r, j] = _digit_sum(wide[r], w)
+                out[r, j] = pair_dot(wide[r], w)
 
     # The row kernels `_layer` calls (`_compiled_layer` binds each variant's).
     _layer_norm_quantize, _layer_qkv, _layer_residual, _layer_silu_quantize = (

@@ -44,6 +44,7 @@ def pair_dot(typingctx: Any, a: Any, w: Any) -> Any:
         even = ir.Constant(ir.VectorType(i32, half), [2 * k for k in range(half)])
         odd = ir.Constant(ir.VectorType(i32, half), [2 * k + 1 for k in range(half)])
         lanes = ir.Constant(intp, LANES)
+        wide = ir.VectorType(i32, LANES)
         n = builder.extract_value(w_array.shape, 0)
         blocks = builder.udiv(n, lanes)
         sums = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(i32, half), [0] * half))
@@ -53,16 +54,15 @@ def pair_dot(typingctx: Any, a: Any, w: Any) -> Any:
                                                    ir.VectorType(i16, LANES).as_pointer()), align=2)
             w_lanes = builder.load(builder.bitcast(builder.gep(w_array.data, [offset]),
                                                    ir.VectorType(i8, LANES).as_pointer()), align=1)
-            wide = ir.VectorType(i32, LANES)
             products = builder.mul(builder.sext(a_lanes, wide), builder.sext(w_lanes, wide))
             pairs = builder.add(builder.shuffle_vector(products, products, even),
                                 builder.shuffle_vector(products, products, odd))
             builder.store(builder.add(builder.load(sums), pairs), sums)
-        total = cgutils.alloca_once_value(builder, ir.Constant(i32, 0))
         lane_sums = builder.load(sums)
-        for k in range(half):
-            builder.store(builder.add(builder.load(total), builder.extract_element(lane_sums, ir.Constant(i32, k))),
-                          total)
+        reduced = builder.extract_element(lane_sums, ir.Constant(i32, 0))
+        for k in range(1, half):
+            reduced = builder.add(reduced, builder.extract_element(lane_sums, ir.Constant(i32, k)))
+        total = cgutils.alloca_once_value(builder, reduced)
         done = builder.mul(blocks, lanes)
         with cgutils.for_range(builder, builder.sub(n, done)) as loop:
             i = builder.add(done, loop.index)
