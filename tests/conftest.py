@@ -12,6 +12,8 @@ decorator and a new file is marked by where it is put:
   package index into ``CASCADE_HOME``) served end to end
 
 A test anywhere else fails collection: put it in one of those directories (or add a tier here).
+A test marked ``runs_last`` runs after every other one: it checks work the session started in the
+background at its beginning (tests/deploy/image_install.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                                    if tier else ""))
             continue
         item.add_marker(getattr(pytest.mark, tier))
+    # stable: the ``runs_last`` tests keep their order among themselves
+    items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)
     if misplaced:
         dirs = ", ".join(f"tests/{d} ({t})" for d, t in TIER_OF_DIRECTORY.items())
         raise pytest.UsageError("tests outside a tier directory (every test needs exactly one tier, set by "
