@@ -25,10 +25,12 @@ def _exit_quickly() -> None:
     """Skip the interpreter's last full garbage collection. Over the millions of objects torch and vLLM
     import it took seconds in every engine process, so vLLM's 5 s shutdown grace ran out and each engine
     was killed instead of exiting (a SIGTERM took the gateway 12.7 s with two engines, 3.6 s without the
-    scan); the operating system reclaims the memory anyway. Runs last of the exit handlers (it is
-    registered first). What the collection would have freed is then reported by extension modules that
-    count their objects at exit (triton's bindings print a page of "leaked" lines per process), so
-    stderr is closed for the rest of the exit: an uncaught exception has been printed before this runs."""
+    scan); the operating system reclaims the memory anyway. What the collection would have freed is
+    then reported by extension modules that count their objects at exit (triton's bindings print a
+    page of "leaked" lines per process), so stderr goes to /dev/null for the rest of the exit. An
+    uncaught exception has been printed before exit handlers run; the exit handlers registered before
+    the plugin loaded (logging's flush, multiprocessing's) run after this one, and printed nothing at a
+    normal stop before this handler existed."""
     sys.stderr.flush()
     gc.freeze()
     with open(os.devnull, "wb") as devnull:
