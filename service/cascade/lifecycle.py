@@ -106,7 +106,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self.codec.close)
-        await asyncio.to_thread(self.engines.shutdown)
+        await self.engines.close()
         logger.info("engines stopped")
 
     def _fail_fast(self, reason: str) -> None:

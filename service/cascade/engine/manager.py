@@ -222,6 +222,18 @@ class EngineManager:
                 self.aborted += 1
                 await stream.aclose()
 
+    async def close(self) -> None:
+        """Stop every engine: first, on this loop, the task that reads each engine core's outputs, then
+        the processes (``shutdown``, in a thread). vLLM's ``AsyncLLM.shutdown`` cancels that task only
+        after the core has exited, so the task could read the exit first and log an ERROR traceback
+        (``AsyncLLM output_handler failed … EngineDeadError``) at a normal stop: 1 stop in 5 here."""
+        handlers = [handler for engine in self.engines.values()
+                    if (handler := getattr(engine, "output_handler", None)) is not None]
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await asyncio.to_thread(self.shutdown)
+
     def shutdown(self) -> None:
         """Stop every engine process; safe to call twice."""
         for role, engine in list(self.engines.items()):
