@@ -20,6 +20,7 @@ from cascade.engine.params import sampling_params, top_logprobs_params, translat
 from cascade.engine.types import Generation, GenerationRequest, PredictionCounts
 from cascade.export.topk import ExportPosition
 from cascade.settings import Settings
+from cascade.vllm_compat.engine_stop import cancel_output_readers
 from cascade.vllm_compat.worker_extension import (
     LIVE_STATE_RPC,
     PREDICTION_USAGE_RPC,
@@ -223,15 +224,9 @@ class EngineManager:
                 await stream.aclose()
 
     async def close(self) -> None:
-        """Stop every engine: first, on this loop, the task that reads each engine core's outputs, then
-        the processes (``shutdown``, in a thread). vLLM's ``AsyncLLM.shutdown`` cancels that task only
-        after the core has exited, so the task could read the exit first and log an ERROR traceback
-        (``AsyncLLM output_handler failed … EngineDeadError``) at a normal stop: 1 stop in 5 here."""
-        handlers = [handler for engine in self.engines.values()
-                    if (handler := getattr(engine, "output_handler", None)) is not None]
-        for handler in handlers:
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+        """Stop every engine: first each engine's output reader, on this loop (``engine_stop`` says
+        why), then the processes (``shutdown``, in a thread)."""
+        await cancel_output_readers(self.engines.values())
         await asyncio.to_thread(self.shutdown)
 
     def shutdown(self) -> None:

@@ -6,6 +6,7 @@
 - ``worker_extension``: the RPC methods mixed into vLLM's worker (live state, hook installation).
 - ``export_hook`` / ``export_processing``: export requests' prompt logits through the sampling stack.
 - ``bind_batch_hook`` / ``proposer``: the static-text speculative proposer and its row binding.
+- ``engine_stop``: an engine's output reader cancelled before it stops.
 
 Importing this package (or ``request_keys``, ``version``, ``worker_extension``) imports neither
 torch nor vLLM.

@@ -7,7 +7,8 @@ engines. Each check is one ``CHECKS`` entry:
 - ``params``: a method's parameter names, exactly (a private method Cascade wraps or relies on);
 - ``fields``: names the class declares as fields/constructor arguments (msgspec ``Struct`` fields,
   dataclass fields, or ``__init__`` parameters for a plain class);
-- ``attrs``: names the class has (methods, properties, enum members).
+- ``attrs``: names the class has (methods, properties, enum members);
+- ``assigns``: instance attributes its ``__init__`` sets (``self.<name>``), which the class itself lacks.
 
 ``CLASSES`` says where each checked class lives. Tests pass stand-ins through ``classes``.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -25,7 +27,7 @@ from cascade.vllm_compat.version import IncompatibleVllmError, check_vllm_versio
 
 class Check(NamedTuple):
     target: str  # a key of CLASSES
-    kind: Literal["params", "fields", "attrs"]
+    kind: Literal["params", "fields", "attrs", "assigns"]
     names: tuple[str, ...]
     member: str = ""  # the method, for "params"
 
@@ -74,6 +76,7 @@ CHECKS: tuple[Check, ...] = (
     Check("AsyncLLM", "attrs", ("from_engine_args", "collective_rpc", "generate", "get_tokenizer", "errored",
                                 "get_num_unfinished_requests", "shutdown")),
     Check("AsyncLLM", "params", ("self", "method", "timeout", "args", "kwargs"), "collective_rpc"),
+    Check("AsyncLLM", "assigns", ("output_handler",)),  # engine_stop cancels it before shutdown
     Check("RequestOutput", "fields", ("prompt_logprobs", "prompt_token_ids", "num_cached_tokens", "outputs",
                                       "finished")),
     Check("CompletionOutput", "fields", ("spec_decode_metrics", "token_ids", "logprobs", "finish_reason")),
@@ -120,6 +123,13 @@ def check_problems(check: Check, cls: Any) -> list[str]:
     if check.kind == "fields":
         have = field_names(cls)
         return [f"{name} has no field {field!r}" for field in check.names if field not in have]
+    if check.kind == "assigns":
+        try:
+            source = inspect.getsource(cls.__init__)
+        except (OSError, TypeError) as exc:
+            return [f"{name}.__init__ has no readable source ({exc})"]
+        return [f"{name}.__init__ no longer sets self.{attr}" for attr in check.names
+                if not re.search(rf"\bself\.{attr}\b", source)]
     return [f"{name} has no attribute {attr!r}" for attr in check.names if not hasattr(cls, attr)]
 
 

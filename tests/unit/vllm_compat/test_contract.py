@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from cascade.vllm_compat.contract import CHECKS, CLASSES, Check, problems, require_compatible
+from cascade.vllm_compat.contract import CHECKS, CLASSES, Check, check_problems, problems, require_compatible
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 pytest.importorskip("vllm")
@@ -94,3 +94,13 @@ def test_one_line_per_check() -> None:
 
 
 PINNED = "0.32.0"
+
+
+def test_an_instance_attribute_init_no_longer_sets_is_a_problem() -> None:
+    class Engine:
+        def __init__(self) -> None:
+            self.output_reader = None
+
+    assert check_problems(Check("AsyncLLM", "assigns", ("output_reader",)), Engine) == []
+    assert check_problems(Check("AsyncLLM", "assigns", ("output_handler",)), Engine) == [
+        "AsyncLLM.__init__ no longer sets self.output_handler"]
