@@ -91,6 +91,9 @@ class FakeEngines:
     def shutdown(self) -> None:
         self.ready = False
 
+    async def close(self) -> None:
+        self.shutdown()
+
     def not_ready_reason(self) -> str:
         return "engine is starting"
 

@@ -160,9 +160,23 @@ def test_a_kcbs_context_overflow_by_messages_names_messages(service: FakeService
 
 def test_kcbs_steps_past_the_context_are_a_context_overflow_naming_steps(service: FakeService) -> None:
     with service.client() as client:
-        r = client.post("/v1/kcbs", json={"model": MODEL, "prompt": "x = 1\n" * 100, "beam_width": 2, "steps": 900})
+        prompt = "x = 1\n" * 220
+        tokens = client.post("/v1/tokenize", json={"model": MODEL, "prompt": prompt}).json()["tokens"]
+        room = service.gateway.settings.max_model_len - len(tokens)
+        assert 0 < room < service.gateway.settings.max_kcbs_steps
+        r = client.post("/v1/kcbs", json={"model": MODEL, "prompt": prompt, "beam_width": 2, "steps": 900})
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("context_length_exceeded", "steps")
+    assert f"at most {room} " in r.json()["error"]["message"]
+
+
+def test_kcbs_steps_past_the_service_limit_name_that_limit_whatever_the_room(service: FakeService) -> None:
+    limit = service.gateway.settings.max_kcbs_steps
+    with service.client() as client:
+        r = client.post("/v1/kcbs", json={"model": MODEL, "prompt": "x = 1\n", "beam_width": 1, "steps": limit + 500})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "steps" and f"at most {limit} (max_kcbs_steps)" in error["message"], error
 
 
 @pytest.mark.parametrize("key", ["٣", " 5", "+5", "1_0", "5.0"])

@@ -53,6 +53,17 @@ def test_streamed_chat_announces_the_role_once_and_ends_with_usage_and_done(serv
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
 
 
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_every_chunk_of_a_stream_carries_the_requests_id_and_created(service: FakeService, route: str) -> None:
+    service.engines.delay = 0.3  # five outputs: the stream spans at least one second boundary
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in route else {"prompt": "x"})
+    with service.client() as client, client.stream("POST", route, json=body) as response:
+        chunks = _events(response)[:-1]
+    assert len(chunks) == 6
+    assert len({c["created"] for c in chunks}) == 1 and len({c["id"] for c in chunks}) == 1
+
+
 def test_completion_logprobs_hold_the_sampled_token_and_chat_holds_the_top_n(service: FakeService) -> None:
     completion = _sdk(service).completions.create(model=MODEL, prompt="x", max_tokens=3, logprobs=0)
     logprobs = completion.choices[0].logprobs

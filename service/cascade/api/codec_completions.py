@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -102,22 +103,23 @@ def _replayed(request: Request, body: CompletionRequest, prompt: list[int], ids:
     """A completion whose tokens the codec produced (no engine sampled them), rendered as the engine
     rendered them when they were sampled (``sampled_text``)."""
     rid = request_id(request)
+    created = int(time.time())
     text, finish = _sampled_text(request, body, prompt, ids, codec)
     choice = choice_body("completion", 0, text, None, finish, chunk=stream)
     counts = usage(len(prompt), len(ids))
     if not stream:
-        reply = envelope("completion", rid, settings.model_name, chunk=False)
+        reply = envelope("completion", rid, settings.model_name, chunk=False, created=created)
         reply.update(choices=[choice], usage=counts, codec=summary)
         return JSONResponse(reply)
 
     async def events() -> AsyncIterator[bytes]:
-        chunk = envelope("completion", rid, settings.model_name, chunk=True)
+        chunk = envelope("completion", rid, settings.model_name, chunk=True, created=created)
         chunk.update(choices=[choice], codec=summary)
         if include_usage:
             chunk["usage"] = None
         yield sse_data(chunk)
         if include_usage:
-            final = envelope("completion", rid, settings.model_name, chunk=True)
+            final = envelope("completion", rid, settings.model_name, chunk=True, created=created)
             final.update(choices=[], usage=counts)
             yield sse_data(final)
         yield SSE_DONE
@@ -140,7 +142,7 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
         prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True,
         weighted_escapes=False))
     text, finish = _sampled_text(request, request_body, prompt, ids, codec)
-    body = envelope("completion", rid, settings.model_name, chunk=False)
+    body = envelope("completion", rid, settings.model_name, chunk=False, created=int(time.time()))
     body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)]
     body["usage"] = usage(len(prompt), len(ids))
     body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import itertools
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -152,12 +151,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return body
 
 
-def envelope(kind: Kind, rid: str, model: str, chunk: bool) -> dict[str, Any]:
+def envelope(kind: Kind, rid: str, model: str, chunk: bool, created: int) -> dict[str, Any]:
+    """A reply's or chunk's head; ``created`` is the request's, the same in every chunk of a stream."""
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     obj = {"chat": "chat.completion", "completion": "text_completion"}[kind]
     if chunk and kind == "chat":
         obj += ".chunk"
-    return {"id": f"{prefix}-{rid}", "object": obj, "created": int(time.time()), "model": model}
+    return {"id": f"{prefix}-{rid}", "object": obj, "created": created, "model": model}
 
 
 def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,

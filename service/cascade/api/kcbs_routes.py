@@ -111,11 +111,11 @@ async def kcbs(body: KcbsRequest, request: Request,
     if room < 1:
         raise APIError(400, f"prompt has {len(prompt)} tokens; the context is {settings.max_model_len}",
                        param="prompt" if body.prompt is not None else "messages", code="context_length_exceeded")
-    if body.steps > room:
-        raise APIError(400, f"steps may be at most {room} for this prompt (max_model_len − prompt tokens)",
-                       param="steps", code="context_length_exceeded")
-    if body.steps > settings.max_kcbs_steps:
-        raise APIError(400, f"steps may be at most {settings.max_kcbs_steps}", param="steps")
+    if body.steps > min(room, settings.max_kcbs_steps):  # the message names the limit that binds
+        if room < settings.max_kcbs_steps:
+            raise APIError(400, f"steps may be at most {room} for this prompt (max_model_len − prompt tokens)",
+                           param="steps", code="context_length_exceeded")
+        raise APIError(400, f"steps may be at most {settings.max_kcbs_steps} (max_kcbs_steps)", param="steps")
     if body.beam_width ** 2 > settings.max_kcbs_candidates:
         raise APIError(400, f"beam_width² may be at most {settings.max_kcbs_candidates}", param="beam_width")
     if body.beam_width * body.steps > settings.max_kcbs_rows:

@@ -149,16 +149,17 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     prompt_tokens = sum(len(p) for p in plan.prompts)
     metrics.prompt_tokens.labels(plan.kind).inc(prompt_tokens)
     started = time.monotonic()
+    created = int(time.time())
     if plan.stream:
         outputs = await primed(request, merge(_engine_streams(engines, plan, rid)))
-        events = _stream(plan, outputs, rid, started, settings, metrics, prompt_tokens)
+        events = _stream(plan, outputs, rid, created, started, settings, metrics, prompt_tokens)
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     choices = await until_disconnect(request, lambda: _run(engines, plan, rid))
     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
     completion_tokens = sum(c.tokens for c in choices.values())
     metrics.completion_tokens.labels(plan.kind).inc(completion_tokens)
     _count_predictions(metrics, plan)
-    body = envelope(plan.kind, rid, settings.model_name, chunk=False)
+    body = envelope(plan.kind, rid, settings.model_name, chunk=False, created=created)
     body["choices"] = [
         choice_body(plan.kind, index, choices[index].text,
                     render_logprobs(plan.kind, choices[index].logprobs, 0, choices[index].characters)
@@ -172,7 +173,7 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     return JSONResponse(body)
 
 
-async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], rid: str, started: float,
+async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], rid: str, created: int, started: float,
                   settings: Settings, metrics: Metrics, prompt_tokens: int) -> AsyncIterator[bytes]:
     first = True
     completion_tokens = 0
@@ -196,7 +197,7 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
                 logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0),
                                            start.characters + text_lengths(delta, plan.top_logprobs))
             text_offsets[index] = text_offsets.get(index, 0) + len(text)
-            chunk = envelope(plan.kind, rid, settings.model_name, chunk=True)
+            chunk = envelope(plan.kind, rid, settings.model_name, chunk=True, created=created)
             chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,
                                             first=index not in announced)]
             announced.add(index)
@@ -211,7 +212,7 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             yield sse_data(chunk)
     _count_predictions(metrics, plan)
     if plan.include_usage:
-        chunk = envelope(plan.kind, rid, settings.model_name, chunk=True)
+        chunk = envelope(plan.kind, rid, settings.model_name, chunk=True, created=created)
         chunk["choices"] = []
         chunk["usage"] = plan.usage(prompt_tokens, completion_tokens)
         yield sse_data(chunk)

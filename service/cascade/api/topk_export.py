@@ -83,8 +83,8 @@ def _streams(engines: EngineManager, prompts: list[list[int]], export: Generatio
     return [one(i, p) for i, p in enumerate(prompts)]
 
 
-def _envelope(rid: str, model: str) -> dict[str, Any]:
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": model}
+def _envelope(rid: str, model: str, created: int) -> dict[str, Any]:
+    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model}
 
 
 def _logprobs_block(k: int, content: list[dict[str, Any]], offset: int) -> dict[str, Any]:
@@ -113,7 +113,7 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     metrics.prompt_tokens.labels("export").inc(prompt_tokens)
     if body.stream and OCTET not in request.headers.get("accept", ""):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _sse(engines, prompts, export, k, rid, settings, table, metrics, include_usage)
+        events = _sse(engines, prompts, export, k, rid, int(time.time()), settings, table, metrics, include_usage)
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     tasks = [asyncio.ensure_future(engines.export(p, export, f"{rid}-{i}")) for i, p in enumerate(prompts)]
     try:
@@ -124,30 +124,39 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     if OCTET in request.headers.get("accept", ""):
         return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
                                  headers={"X-Cascade-Top-K": str(k)})
-    head = _envelope(rid, settings.model_name)
+    head = _envelope(rid, settings.model_name, int(time.time()))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
     return StreamingResponse(_json(tasks, k, head, usage, table, metrics), media_type="application/json")
 
 
 async def _sse(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest, k: int, rid: str,
-               settings: Settings, table: TokenTable, metrics: Metrics, include_usage: bool) -> AsyncIterator[bytes]:
+               created: int, settings: Settings, table: TokenTable, metrics: Metrics,
+               include_usage: bool) -> AsyncIterator[bytes]:
+    """One event per ``STREAM_BATCH`` positions, each rendered off the event loop (as ``_json`` does):
+    a batch of 64 positions × 1,024 values is tens of milliseconds of Python, and rendered on the loop
+    a whole document stalled every other request for seconds, most of all once its client had gone
+    (writes then return at once, so nothing paced the rendering)."""
     async for index, positions in merge(_streams(engines, prompts, export, rid)):
         metrics.export_positions.inc(len(positions))
         for start in range(0, max(len(positions), 1), STREAM_BATCH):
             batch = positions[start:start + STREAM_BATCH]
             last = start + STREAM_BATCH >= len(positions)
-            chunk = _envelope(rid, settings.model_name)
-            offset = batch[0].index if batch else 1
-            chunk["choices"] = [{"index": index, "text": "", "finish_reason": "length" if last else None,
-                                 "logprobs": _logprobs_block(k, [render_position(p, table) for p in batch],
-                                                             offset)}]
-            yield sse_data(chunk)
+            head = _envelope(rid, settings.model_name, created)
+            yield await asyncio.to_thread(_sse_batch, head, index, batch, last, k, table)
     if include_usage:
         total = sum(len(p) for p in prompts)
-        chunk = _envelope(rid, settings.model_name)
+        chunk = _envelope(rid, settings.model_name, created)
         chunk["choices"] = []
         chunk["usage"] = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
         yield sse_data(chunk)
+
+
+def _sse_batch(chunk: dict[str, Any], index: int, batch: Sequence[ExportPosition], last: bool, k: int,
+               table: TokenTable) -> bytes:
+    offset = batch[0].index if batch else 1
+    chunk["choices"] = [{"index": index, "text": "", "finish_reason": "length" if last else None,
+                         "logprobs": _logprobs_block(k, [render_position(p, table) for p in batch], offset)}]
+    return sse_data(chunk)
 
 
 async def _cancel(tasks: Sequence[asyncio.Future[list[ExportPosition]]]) -> None:
