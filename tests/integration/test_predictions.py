@@ -178,6 +178,32 @@ def test_answers_are_kept_per_user_as_a_draft_source_and_change_no_text(service:
     assert again.usage.completion_tokens_details.accepted_prediction_tokens == 0
 
 
+def test_a_prediction_near_the_end_of_the_context_is_drafted_not_padded(service: Service, openai_client) -> None:
+    """Within K tokens of ``max_model_len`` vLLM skips a drafter and schedules K drafts of token 0 for
+    every row (each rejected, each step verifying K positions); the text drafter drafts there, so the
+    prediction is accepted and nothing past the answer is counted as rejected. Twice: the second
+    request finds its prompt in the prefix cache, the case that fell to those zero drafts."""
+    with service.client() as client:
+        limit = client.get("/v1/models").json()["data"][0]["max_model_len"]
+
+        def length(text: str) -> int:
+            return len(client.post("/v1/tokenize", json={"model": MODEL, "prompt": text}).json()["tokens"])
+
+        lines = [f"def f{i}(x):\n    return x * {i}" for i in range(200)]
+        count = next(n for n in range(200, 0, -1) if length("\n".join(lines[:n])) <= limit - 100)
+        prompt = "\n".join(lines[:count])
+        assert length(prompt) > limit - 130  # within K = 64 of the end once the answer is under way
+    plain = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=60, temperature=0)
+    text = plain.choices[0].text
+    for _ in range(2):
+        predicted = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=60, temperature=0,
+                                                     extra_body={"prediction": {"type": "content", "content": text}})
+        assert predicted.choices[0].text == text
+        details = predicted.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens > 0.6 * predicted.usage.completion_tokens, details
+        assert details.rejected_prediction_tokens <= predicted.usage.completion_tokens, details
+
+
 def test_prediction_engine_requests_do_not_leak(service: Service) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "stream": True,
             "prediction": {"type": "content", "content": "def f():\n    return 1\n" * 20}}

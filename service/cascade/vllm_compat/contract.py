@@ -56,6 +56,8 @@ CHECKS: tuple[Check, ...] = (
                                        "hidden_states", "sample_hidden_states", "aux_hidden_states",
                                        "spec_decode_metadata", "common_attn_metadata", "slot_mappings"),
           "propose_draft_token_ids"),
+    # and this one (vLLM's zero drafts for a batch near max_model_len), with the same hook
+    Check("GPUModelRunner", "params", ("self", "common_attn_metadata"), "_input_fits_in_drafter"),
     Check("custom_class_proposer", "params", ("vllm_config",), "create_custom_proposer"),
     # draft_sampling_fix replaces it (apply_sampling_constraints looks it up in the module)
     Check("rejection_sampler", "params", ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to"),

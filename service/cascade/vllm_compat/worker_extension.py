@@ -47,6 +47,7 @@ HOOK_REQUIREMENTS: dict[str, tuple[tuple[str, type | None, bool], ...]] = {
     ),
     "bind_batch": (
         ("propose_draft_token_ids", None, True),
+        ("_input_fits_in_drafter", None, True),
         ("drafter.bind_batch", None, True),
         ("input_batch.req_ids", None, False),
         ("requests", dict, False),

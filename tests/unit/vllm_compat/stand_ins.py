@@ -100,6 +100,10 @@ class DraftingRunner:
         return self.drafter.propose(sampled_token_ids, self.input_batch.num_tokens_no_spec,
                                     self.input_batch.token_ids_cpu, slot_mappings=None)
 
+    def _input_fits_in_drafter(self, common_attn_metadata: Any) -> bool:
+        """vLLM's rule: the batch's longest row plus K within ``max_model_len`` (1,024 here, K = 64)."""
+        return common_attn_metadata is not None and common_attn_metadata.max_seq_len + 64 <= 1024
+
 
 def fresh(cls: type) -> type:
     """A subclass to install hooks on, so each test patches its own class."""

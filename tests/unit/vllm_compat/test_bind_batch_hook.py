@@ -79,3 +79,17 @@ def test_drafters_without_bind_batch_are_left_alone() -> None:
     runner = hooked_runner(drafter, {"a": SimpleNamespace()})
     assert runner.propose_draft_token_ids(None, [[1]]) == [[]]
     assert calls == [[[1]]]
+
+
+def test_a_text_drafter_drafts_near_the_end_of_the_context(proposer: StaticTextProposer, toy: ToyTokenizer) -> None:
+    _, requests = predicted(toy)
+    runner = hooked_runner(proposer, requests)
+    assert runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=1000)) is True
+    assert runner._input_fits_in_drafter(None) is False
+
+
+def test_a_model_drafter_keeps_vllms_context_rule() -> None:
+    drafter = SimpleNamespace(propose=lambda sampled, *a, **k: [[]])
+    runner = hooked_runner(drafter, {"a": SimpleNamespace()})
+    assert runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=1000)) is False
+    assert runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=900)) is True

@@ -33,6 +33,7 @@ def test_a_changed_private_signature_is_named() -> None:
         def _get_prompt_logprobs_dict(self, hidden_states: Any, scheduler_output: Any) -> Any: ...
 
         propose_draft_token_ids = GPUModelRunner.propose_draft_token_ids
+        _input_fits_in_drafter = GPUModelRunner._input_fits_in_drafter
 
     assert problems({"GPUModelRunner": ChangedRunner}) == [
         "GPUModelRunner._get_prompt_logprobs_dict(self, hidden_states, num_scheduled_tokens) now takes "

@@ -41,6 +41,7 @@ def complete_runner() -> Any:
     runner = fresh(StandInRunner)({}, {})
     runner.drafter = SimpleNamespace(bind_batch=lambda req_ids, requests: None)
     type(runner).propose_draft_token_ids = DraftingRunner.propose_draft_token_ids
+    type(runner)._input_fits_in_drafter = DraftingRunner._input_fits_in_drafter
     return runner
 
 
