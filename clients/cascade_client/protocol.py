@@ -228,7 +228,15 @@ class RequestSpec:
 
 
 def query_params(params: Mapping[str, Any]) -> dict[str, str | int]:
-    """Codec options as query parameters (the raw-body form of ``/compress``); ``None`` is left out."""
+    """Codec options as query parameters (the raw-body form of ``/compress``); ``None`` is left out. A
+    string UTF-8 cannot carry (a lone surrogate) is refused here as the server would refuse it."""
+    for key, value in params.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequestError(0, f"{key} is not valid Unicode text (it holds a lone surrogate)",
+                                      "invalid_value", param=key) from None
     return {k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items() if v is not None}
 
 

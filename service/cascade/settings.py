@@ -183,9 +183,18 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def codec_max_container_bytes(self) -> int:
+        """The largest container ``/decompress`` reads: the largest input stored raw, plus the framing a
+        container may add (≤ 14 bytes a segment, the header with its context, the trailer), so every
+        container this service writes opens here again."""
+        return self.codec_max_input_bytes + 14 * self.codec_max_segments + self.codec_max_context_bytes + 1024
+
+    @property
     def route_body_limits(self) -> dict[str, int]:
-        """Body limits that differ from ``max_body_bytes``, by route prefix."""
-        return {"/compress": self.codec_max_input_bytes, "/decompress": self.codec_max_input_bytes}
+        """Body limits that differ from ``max_body_bytes``, by route prefix (``/decompress``: the largest
+        container in base64 inside a JSON body)."""
+        return {"/compress": self.codec_max_input_bytes,
+                "/decompress": 4 * (self.codec_max_container_bytes // 3 + 1) + 4096}
 
     @property
     def model_name(self) -> str:
@@ -206,7 +215,8 @@ def load_settings(argv: list[str] | None = None) -> Settings:
 # table (``cascade config-table --limits``) comes from here.
 LIMITS = [
     ("max_body_bytes", "request body of every route but the codec's", "413 `body_too_large`"),
-    ("codec_max_input_bytes", "/compress and /decompress body (counted while streaming too)",
+    ("codec_max_input_bytes", "/compress body, and the input a /decompress container may hold stored raw plus its "
+     "framing (counted while streaming too)",
      "413 `body_too_large` / `input_too_large`"),
     ("max_model_len", "prompt tokens + max_tokens (k-CBS: prompt + steps)", "400 `context_length_exceeded`"),
     ("max_tokens_limit", "max_tokens / max_completion_tokens / codec.tokens", "400, param `max_tokens`"),

@@ -61,9 +61,13 @@ def test_the_service_writes_version_4_and_its_escapes_come_back_exactly(service:
     assert _decompress(service, container).content == data
 
 
-def test_non_utf8_bytes_round_trip_through_raw_segments(service: Service) -> None:
+def test_non_utf8_bytes_round_trip_through_raw_segments_and_come_back_as_bytes(service: Service) -> None:
     data = b"valid line\n\xff\xfe\x80 not utf-8\n" + bytes(range(256))
-    assert _decompress(service, _compress(service, data)).content == data
+    reply = _decompress(service, _compress(service, data))
+    assert reply.content == data
+    assert reply.headers["content-type"] == "application/octet-stream"
+    text = _decompress(service, _compress(service, "naïve ✓\n".encode()))
+    assert text.headers["content-type"] == "text/plain; charset=utf-8"
 
 
 def test_code_compresses_well_below_its_size(service: Service) -> None:

@@ -117,7 +117,7 @@ def _declare_body(service: Service, path: str, length: int) -> tuple[int, bytes]
 @pytest.mark.parametrize(("path", "limit"), [("/v1/chat/completions", S.max_body_bytes),
                                              ("/v1/kcbs", S.max_body_bytes),
                                              ("/compress", S.codec_max_input_bytes),
-                                             ("/decompress", S.codec_max_input_bytes)])
+                                             ("/decompress", S.route_body_limits["/decompress"])])
 def test_declared_body_over_the_route_limit_is_413_before_upload(service: Service, path: str, limit: int) -> None:
     started = time.monotonic()
     status, reply = _declare_body(service, path, limit + 1)

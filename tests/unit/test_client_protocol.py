@@ -240,3 +240,11 @@ def test_export_k_and_sampling_top_k_are_separate_names() -> None:
     spec = next(export_call("def f():", 50, model="m", top_k=20, temperature=0.5))
     assert spec.json is not None
     assert (spec.json["compression_top_k"], spec.json["top_k"], spec.json["temperature"]) == (50, 20, 0.5)
+
+
+def test_a_context_utf8_cannot_carry_is_a_bad_request_before_anything_is_sent() -> None:
+    from cascade_client import BadRequestError
+
+    with CascadeClient("http://127.0.0.1:9") as client, pytest.raises(BadRequestError) as refused:
+        client.compress(b"x", context="a\ud800b")
+    assert refused.value.param == "context" and refused.value.code == "invalid_value"

@@ -51,8 +51,9 @@ def test_error_payloads_keep_their_shape_and_status() -> None:
         "error": {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "c", "status": 400}}
     assert error_event(EngineNotReadyError("starting")) == sse.error_event(
         503, "starting", code="engine_unavailable", type_="service_unavailable")
-    long = error_payload(APIError(400, "x" * 2000))["error"]["message"]
-    assert len(long) < 600 and long.endswith("(truncated)")
+    long = error_payload(APIError(400, "x" * 2000, param="k" * 3000))["error"]
+    assert len(long["message"]) == 500 and long["message"].endswith("(truncated)")
+    assert len(long["param"]) == 200 and long["param"].endswith("(truncated)")
 
 
 def test_cancellation_is_not_an_error_event() -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from pydantic import AfterValidator, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from cascade.api.accept import accepts
 from cascade.api.deps import get_gateway, get_metrics, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.middleware import BodyRefusedError
@@ -124,7 +125,16 @@ async def _when_ready(gateway: Gateway, stream: AsyncGenerator[T, None]) -> Asyn
 
 
 def _wants_sse(request: Request) -> bool:
-    return "text/event-stream" in request.headers.get("accept", "")
+    return accepts(request, "text/event-stream")
+
+
+def _media_type(output: bytes) -> str:
+    """UTF-8 text is labelled as text; any other bytes as what they are."""
+    try:
+        output.decode("utf-8")
+    except UnicodeDecodeError:
+        return OCTET
+    return "text/plain; charset=utf-8"
 
 
 def _check_model(model: str | None, settings: Settings) -> None:
@@ -387,7 +397,7 @@ async def _container_source(request: Request, settings: Settings) -> AsyncIterat
         except ValidationError as exc:
             raise _invalid(exc, "query parameter") from None
         _check_model(params.model, settings)
-        return _limited(request.stream(), settings.codec_max_input_bytes)
+        return _limited(request.stream(), settings.codec_max_container_bytes)
     raise APIError(415, f"unsupported content type '{content_type}': send {OCTET} or application/json",
                    code="unsupported_media_type")
 
@@ -410,7 +420,7 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
         except Exception as exc:
             _count_error(metrics, exc)
             raise _as_api_error(exc) from None
-        return Response(b"".join(parts), media_type="text/plain; charset=utf-8")
+        return Response(output := b"".join(parts), media_type=_media_type(output))
 
     async def events() -> AsyncGenerator[bytes, None]:
         total = segments = 0

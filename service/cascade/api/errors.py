@@ -52,6 +52,9 @@ _DEFAULT_CODES = {
     504: "timeout",
 }
 MAX_MESSAGE_CHARS = 500
+MAX_PARAM_CHARS = 200
+"""A ``param`` may echo a client's key: cut like a message."""
+_CUT_MARK = "… (truncated)"
 _UNPARSED_BODY = "There was an error parsing the body"
 """FastAPI's 400 for a body its JSON reading failed on other than as a syntax error (bytes that are not
 UTF-8, nesting past the parser's depth): the same ``invalid_json`` as a syntax error."""
@@ -70,12 +73,19 @@ class APIError(Exception):
         self.headers = headers
 
 
+def _cut(text: str, limit: int) -> str:
+    """At most ``limit`` characters, the mark of a cut included, encodable as UTF-8."""
+    if len(text) > limit:
+        text = text[:limit - len(_CUT_MARK)] + _CUT_MARK
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     """The JSON body OpenAI clients parse into typed exceptions. Messages may echo input: they are
     cut to ``MAX_MESSAGE_CHARS`` and made encodable (a lone surrogate must not fail the reply)."""
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[:MAX_MESSAGE_CHARS] + "… (truncated)"
-    message = message.encode("utf-8", "replace").decode("utf-8")
+    message = _cut(message, MAX_MESSAGE_CHARS)
+    if param is not None:
+        param = _cut(param, MAX_PARAM_CHARS)
     if code is None:
         code = "invalid_parameter" if status == 400 and param else _DEFAULT_CODES.get(status, "error")
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),

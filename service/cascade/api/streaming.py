@@ -41,7 +41,7 @@ def error_payload(exc: BaseException, *, type_: str | None = None) -> dict[str, 
     else:
         status, message, param, code = 500, "Internal server error", None, "internal_error"
     body = error_body(status, message, param, code)["error"]  # the message cut and made encodable, the type
-    return sse.error_object(status, body["message"], param=param, code=code, type_=type_ or body["type"])
+    return sse.error_object(status, body["message"], param=body["param"], code=code, type_=type_ or body["type"])
 
 
 def error_event(exc: BaseException, *, event: str | None = None, type_: str | None = None) -> bytes:

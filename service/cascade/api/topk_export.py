@@ -18,6 +18,7 @@ from cascade_common.topk_format import encode_document, encode_header
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from cascade.api.accept import accepts
 from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CompletionRequest
@@ -111,7 +112,7 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     table = get_gateway(request).token_table()
     prompt_tokens = sum(len(p) for p in prompts)
     metrics.prompt_tokens.labels("export").inc(prompt_tokens)
-    if body.stream and OCTET not in request.headers.get("accept", ""):
+    if body.stream and not accepts(request, OCTET):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = _sse(engines, prompts, export, k, rid, int(time.time()), settings, table, metrics, include_usage)
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -121,7 +122,7 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     except BaseException:
         await _cancel(tasks)
         raise
-    if OCTET in request.headers.get("accept", ""):
+    if accepts(request, OCTET):
         return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
                                  headers={"X-Cascade-Top-K": str(k)})
     head = _envelope(rid, settings.model_name, int(time.time()))

@@ -301,3 +301,27 @@ def test_the_writers_params_pass() -> None:
     check_params(_header_with_params(b'{"separator_id":1}'), 1)
     check_params(parse_container(_container(Header(b"\0" * 32, 16, 8, 100, "exact", 50, {"separator_id": 7}),
                                             [])).header, 7)
+
+
+def _fits_decompress_limit(segments: list[tuple[int, int, bytes, bytes]], context: int) -> None:
+    from cascade.settings import Settings
+
+    header = dataclasses.replace(HEADER, params={"separator_id": 2 ** 31}, context=b"c" * context)
+    container = _container(header, segments)
+    limits = Settings(codec_max_input_bytes=sum(len(s[2]) for s in segments), codec_max_segments=len(segments),
+                      codec_max_context_bytes=context)  # type: ignore[call-arg]
+    assert len(container) <= limits.codec_max_container_bytes
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.integers(0, 2000))
+def test_every_container_of_an_input_within_the_limits_fits_the_decompress_limit(sizes: list[int],
+                                                                                context: int) -> None:
+    """``/decompress`` reads any container of an input ``/compress`` takes: the input stored raw
+    (coded segments are kept only when shorter), plus the framing, within ``codec_max_container_bytes``."""
+    _fits_decompress_limit([(KIND_RAW, 0, b"\xff" * size, b"\xff" * size) for size in sizes], context)
+
+
+def test_segments_whose_lengths_take_four_byte_varints_fit_the_decompress_limit() -> None:
+    big = b"\xff" * ((1 << 21) + 1)
+    _fits_decompress_limit([(KIND_RAW, 0, big, big), (KIND_RAW, 0, b"x", b"x")], 65536)
