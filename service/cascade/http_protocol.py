@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -172,8 +173,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         code, reason = {400: ("invalid_http_request", b"Bad Request"), 408: ("request_timeout", b"Request Timeout"),
                         431: ("request_header_fields_too_large", b"Request Header Fields Too Large")}[status]
         body = json.dumps(error_body(status, message, code=code)).encode()
+        rid = uuid.uuid4().hex.encode()  # the client's own id cannot be trusted from headers that failed
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
+                             b"x-request-id: %s\r\nconnection: close\r\n\r\n%s"
+                             % (status, reason, len(body), rid, body))
         self.transport.close()
 
 

@@ -157,6 +157,15 @@ def test_metrics_are_labelled_by_the_matched_route(service: FakeService) -> None
     assert 'route="other",status="404"' in metrics
 
 
+@pytest.mark.parametrize("path", ["/health", "/ready", "/metrics", "/v1/models", f"/v1/models/{MODEL}"])
+def test_a_head_probe_gets_the_status_and_headers_of_the_get(service: FakeService, path: str) -> None:
+    with service.client() as client:
+        head, get = client.head(path), client.get(path)
+    assert head.status_code == get.status_code == 200
+    assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["x-request-id"]
+
+
 def test_ready_names_the_codec_state(service: FakeService) -> None:
     with service.client() as client:
         ready = client.get("/ready")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -175,6 +176,7 @@ def test_header_limits_answer_431_and_close(server: tuple[str, int, FastAPI], he
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
         reply = _read_reply(sock)
         assert _status(reply) == 431, reply[:200]
+        assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", reply.split(b"\r\n\r\n")[0] + b"\r\n"), reply[:300]
         assert _closed(sock)
 
 

@@ -223,13 +223,13 @@ def _model_card(settings: Settings, engines: EngineManager) -> dict[str, Any]:
             "max_model_len": settings.max_model_len}
 
 
-@router.get("/models")
+@router.api_route("/models", methods=["GET", "HEAD"])
 async def list_models(settings: Settings = Depends(get_settings),
                       engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
     return {"object": "list", "data": [_model_card(settings, engines)]}
 
 
-@router.get("/models/{model:path}")
+@router.api_route("/models/{model:path}", methods=["GET", "HEAD"])
 async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
                          engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
     """The SDK's ``models.retrieve``; an id this service does not serve is OpenAI's 404."""

@@ -18,13 +18,13 @@ logger = logging.getLogger("cascade.ops")
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health() -> dict[str, str]:
     """The process is alive (no engine check: a supervisor restarts on this failing)."""
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.api_route("/ready", methods=["GET", "HEAD"])
 async def ready(gateway: Gateway = Depends(get_gateway)) -> JSONResponse:
     """200 when every engine is up and start-up checks are done; 503 with the reason otherwise.
     A failed codec self-test does not make the service unready: everything else still serves."""
@@ -37,7 +37,7 @@ async def ready(gateway: Gateway = Depends(get_gateway)) -> JSONResponse:
                         headers={"Retry-After": "5"})
 
 
-@router.get("/metrics")
+@router.api_route("/metrics", methods=["GET", "HEAD"])
 async def metrics(gateway: Gateway = Depends(get_gateway)) -> Response:
     engines, m = gateway.engines, gateway.metrics
     m.engine_ready.set(1 if engines.ready else 0)
