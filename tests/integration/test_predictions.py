@@ -145,7 +145,7 @@ def test_token_id_predictions_are_accepted(service: Service, openai_client) -> N
 
 @pytest.mark.parametrize(
     ("prediction", "extra"),
-    [({"type": "content", "content": ""}, {}), ({"type": "image", "content": "x"}, {}),
+    [({"type": "image", "content": "x"}, {}),
      ({"type": "content", "content": 5}, {}), ({"type": "content", "content": "x" * 300_000}, {}),
      ({"type": "content", "content": "x"}, {"n": 2}), ({"type": "content", "content": "x"}, {"logprobs": 1}),
      ({"type": "content", "content": "x", "token_ids": [1]}, {}),
@@ -157,6 +157,17 @@ def test_bad_predictions_are_400(service: Service, prediction: dict, extra: dict
                                                  "prediction": prediction, **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("content", ["", [], [{"type": "text", "text": ""}]])
+def test_an_empty_prediction_is_served_as_no_prediction(openai_client, content: object) -> None:
+    """A client predicting a file that is still empty gets the answer, with nothing drafted."""
+    plain = _greedy(openai_client, max_tokens=12)
+    empty = {"prediction": {"type": "content", "content": content}}
+    predicted = _greedy(openai_client, max_tokens=12, extra_body=empty)
+    assert predicted.choices[0].text == plain.choices[0].text
+    details = predicted.usage.completion_tokens_details
+    assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (0, 0)
 
 
 def test_answers_are_kept_per_user_as_a_draft_source_and_change_no_text(service: Service, openai_client) -> None:

@@ -36,7 +36,7 @@ class PredictionUsage:
 
 async def predicted(body: ChatCompletionRequest | CompletionRequest, engines: EngineManager,
                     settings: Settings) -> Prediction | None:
-    """Validate ``prediction`` and return it as token ids, or None without one."""
+    """Validate ``prediction`` and return it as token ids, or None without one (or with an empty one)."""
     prediction = body.prediction
     if prediction is None:
         return None
@@ -66,8 +66,8 @@ async def predicted(body: ChatCompletionRequest | CompletionRequest, engines: En
         check_fits(len(text), settings.max_prediction_tokens, engines.tokenizer, "prediction",
                    "a prediction (max_prediction_tokens)")
         ids = await tokenize(engines.tokenizer, normalise_newlines(text))
-    if not ids:
-        raise APIError(400, "prediction must not be empty", param="prediction")
+    if not ids:  # the prediction of a file still empty: nothing to draft, served as without one
+        return None
     if len(ids) > settings.max_prediction_tokens:
         raise APIError(400, f"prediction is longer than {settings.max_prediction_tokens} tokens "
                             f"({len(ids)})", param="prediction")
