@@ -185,16 +185,16 @@ class Settings(BaseSettings):
     @property
     def codec_max_container_bytes(self) -> int:
         """The largest container ``/decompress`` reads: the largest input stored raw, plus the framing a
-        container may add (≤ 14 bytes a segment, the header with its context, the trailer), so every
-        container this service writes opens here again."""
-        return self.codec_max_input_bytes + 14 * self.codec_max_segments + self.codec_max_context_bytes + 1024
+        container may add (≤ 10 bytes a segment of at least one byte, the header with its context, the
+        trailer), so every container this service writes opens here again."""
+        segments = min(self.codec_max_segments, self.codec_max_input_bytes)
+        return self.codec_max_input_bytes + 10 * segments + self.codec_max_context_bytes + 1024
 
     @property
     def route_body_limits(self) -> dict[str, int]:
-        """Body limits that differ from ``max_body_bytes``, by route prefix (``/decompress``: the largest
-        container in base64 inside a JSON body)."""
-        return {"/compress": self.codec_max_input_bytes,
-                "/decompress": 4 * (self.codec_max_container_bytes // 3 + 1) + 4096}
+        """Body limits that differ from ``max_body_bytes``, by route prefix. A JSON ``/decompress`` body
+        (base64) holds a container of up to 3/4 of its limit: larger containers go as raw bytes."""
+        return {"/compress": self.codec_max_input_bytes, "/decompress": self.codec_max_container_bytes}
 
     @property
     def model_name(self) -> str:
@@ -215,8 +215,9 @@ def load_settings(argv: list[str] | None = None) -> Settings:
 # table (``cascade config-table --limits``) comes from here.
 LIMITS = [
     ("max_body_bytes", "request body of every route but the codec's", "413 `body_too_large`"),
-    ("codec_max_input_bytes", "/compress body, and the input a /decompress container may hold stored raw plus its "
-     "framing (counted while streaming too)",
+    ("codec_max_input_bytes", "/compress body; a /decompress body may add the framing of a container of that "
+     "input stored raw (+ 10 bytes a segment, the context, 1 KiB; in a JSON body, base64 takes 4/3 of it) (counted "
+     "while streaming too)",
      "413 `body_too_large` / `input_too_large`"),
     ("max_model_len", "prompt tokens + max_tokens (k-CBS: prompt + steps)", "400 `context_length_exceeded`"),
     ("max_tokens_limit", "max_tokens / max_completion_tokens / codec.tokens", "400, param `max_tokens`"),

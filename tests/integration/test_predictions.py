@@ -212,7 +212,7 @@ def test_a_prediction_near_the_end_of_the_context_is_drafted_not_padded(service:
         assert predicted.choices[0].text == text
         details = predicted.usage.completion_tokens_details
         assert details.accepted_prediction_tokens > 0.6 * predicted.usage.completion_tokens, details
-        assert details.rejected_prediction_tokens <= predicted.usage.completion_tokens, details
+        assert details.rejected_prediction_tokens < 64, details  # less than one step of zero drafts
 
 
 def test_prediction_engine_requests_do_not_leak(service: Service) -> None:

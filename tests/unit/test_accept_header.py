@@ -8,7 +8,7 @@ from starlette.requests import Request
 
 
 def _request(accept: str | None) -> Request:
-    headers = [] if accept is None else [(b"accept", accept.encode())]
+    headers = [] if accept is None else [(b"accept", line.encode()) for line in accept.split("\n")]
     return Request({"type": "http", "method": "POST", "path": "/", "headers": headers})
 
 
@@ -23,6 +23,7 @@ def _request(accept: str | None) -> Request:
     ("*/*", False),
     ("text/event-streams", False),
     ("", False),
+    ("application/json\ntext/event-stream", True),
     (None, False),
 ])
 def test_a_type_is_asked_for_when_listed_with_a_quality_above_zero(accept: str | None, wanted: bool) -> None:

@@ -130,6 +130,8 @@ def _wants_sse(request: Request) -> bool:
 
 def _media_type(output: bytes) -> str:
     """UTF-8 text is labelled as text; any other bytes as what they are."""
+    if output.isascii():
+        return "text/plain; charset=utf-8"
     try:
         output.decode("utf-8")
     except UnicodeDecodeError:
@@ -420,7 +422,8 @@ async def decompress(request: Request, settings: Settings = Depends(get_settings
         except Exception as exc:
             _count_error(metrics, exc)
             raise _as_api_error(exc) from None
-        return Response(output := b"".join(parts), media_type=_media_type(output))
+        output = b"".join(parts)
+        return Response(output, media_type=await asyncio.to_thread(_media_type, output))
 
     async def events() -> AsyncGenerator[bytes, None]:
         total = segments = 0

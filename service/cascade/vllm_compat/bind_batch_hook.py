@@ -6,12 +6,12 @@
   ``proposer.StaticTextProposer`` refuses to propose for a step it was not bound to, so a vLLM that
   stops calling this method fails loudly.
 - **Drafting near the end of the context.** ``_input_fits_in_drafter`` skips the drafter for the whole
-  batch once any row's length plus K passes ``max_model_len`` — a limit for drafters that run a model
-  of their own — and then schedules K drafts of token 0 for *every* row: each is rejected, each step
-  verifies K useless positions (a request within K tokens of the context end ran ~5× slower with a
-  prediction than without, and made every request batched with it pay the same), and vLLM counts them
-  as rejected prediction tokens. A text drafter runs no model and caps each row's draft at the context
-  itself, so for it the input always fits.
+  batch once its longest sequence (with its scheduled drafts) plus K passes ``max_model_len`` — a limit
+  for drafters that run a model of their own — and then schedules K drafts of token 0 for *every* row:
+  each is rejected, each step verifies K useless positions (a request within K tokens of the context
+  end ran ~5× slower with a prediction than without, and made every request batched with it pay the
+  same), and vLLM counts them as rejected prediction tokens. A text drafter runs no model and caps
+  each row's draft at the context itself, so for it the input always fits.
 
 Only drafters that opt in with a ``bind_batch`` method are affected.
 

@@ -131,7 +131,7 @@ def check_problems(check: Check, cls: Any) -> list[str]:
         except (OSError, TypeError) as exc:
             return [f"{name}.__init__ has no readable source ({exc})"]
         return [f"{name}.__init__ no longer sets self.{attr}" for attr in check.names
-                if not re.search(rf"\bself\.{attr}\b", source)]
+                if not re.search(rf"\bself\.{attr}\s*(:[^=\n]*)?=(?!=)", source)]
     return [f"{name} has no attribute {attr!r}" for attr in check.names if not hasattr(cls, attr)]
 
 

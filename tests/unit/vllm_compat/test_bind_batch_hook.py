@@ -93,3 +93,18 @@ def test_a_model_drafter_keeps_vllms_context_rule() -> None:
     runner = hooked_runner(drafter, {"a": SimpleNamespace()})
     assert runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=1000)) is False
     assert runner._input_fits_in_drafter(SimpleNamespace(max_seq_len=900)) is True
+
+
+@pytest.mark.parametrize(("total", "room"), [(60, 64), (252, 3), (255, 0)])
+def test_a_draft_near_the_end_of_the_context_stops_there(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer,
+                                                         total: int, room: int) -> None:
+    """With vLLM's own context rule switched off for it, the drafter is what keeps every drafted
+    position inside ``max_model_len`` (256 here): at most ``max_model_len − total − 1`` tokens."""
+    proposer = toy_proposer(monkeypatch, toy, 64)
+    ids = toy.encode_text(PREDICTION * 12)
+    params = SimpleNamespace(max_tokens=1000, extra_args=prediction_extra_args(ids, "smart"))
+    runner = hooked_runner(proposer, {"r": SimpleNamespace(sampling_params=params, num_prompt_tokens=40)})
+    runner.input_batch.num_tokens_no_spec = np.array([total])
+    draft = runner.propose_draft_token_ids(None, [[ids[0]]])[0]
+    assert draft == ids[1:1 + len(draft)]
+    assert len(draft) <= room and (room == 0 or len(draft) > 0)

@@ -105,3 +105,15 @@ def test_an_instance_attribute_init_no_longer_sets_is_a_problem() -> None:
     assert check_problems(Check("AsyncLLM", "assigns", ("output_reader",)), Engine) == []
     assert check_problems(Check("AsyncLLM", "assigns", ("output_handler",)), Engine) == [
         "AsyncLLM.__init__ no longer sets self.output_handler"]
+
+
+def test_an_instance_attribute_init_only_reads_is_a_problem() -> None:
+    class Engine:
+        def __init__(self) -> None:
+            self.output_handler: object | None = None
+            if self.output_reader == 1 or self.output_reader is None:
+                pass
+
+    assert check_problems(Check("AsyncLLM", "assigns", ("output_handler",)), Engine) == []
+    assert check_problems(Check("AsyncLLM", "assigns", ("output_reader",)), Engine) == [
+        "AsyncLLM.__init__ no longer sets self.output_reader"]
