@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.accept import accepts
+from cascade.api.completion_render import envelope
 from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CompletionRequest
@@ -84,10 +85,6 @@ def _streams(engines: EngineManager, prompts: list[list[int]], export: Generatio
     return [one(i, p) for i, p in enumerate(prompts)]
 
 
-def _envelope(rid: str, model: str, created: int) -> dict[str, Any]:
-    return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model}
-
-
 def _logprobs_block(k: int, content: list[dict[str, Any]], offset: int) -> dict[str, Any]:
     return {"distribution_type": DISTRIBUTION_TYPE, "top_k": k, "offset": offset, "content": content}
 
@@ -125,7 +122,7 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     if accepts(request, OCTET):
         return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
                                  headers={"X-Cascade-Top-K": str(k)})
-    head = _envelope(rid, settings.model_name, int(time.time()))
+    head = envelope("completion", rid, settings.model_name, chunk=False, created=int(time.time()))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
     return StreamingResponse(_json(tasks, k, head, usage, table, metrics), media_type="application/json")
 
@@ -142,11 +139,11 @@ async def _sse(engines: EngineManager, prompts: list[list[int]], export: Generat
         for start in range(0, max(len(positions), 1), STREAM_BATCH):
             batch = positions[start:start + STREAM_BATCH]
             last = start + STREAM_BATCH >= len(positions)
-            head = _envelope(rid, settings.model_name, created)
+            head = envelope("completion", rid, settings.model_name, chunk=True, created=created)
             yield await asyncio.to_thread(_sse_batch, head, index, batch, last, k, table)
     if include_usage:
         total = sum(len(p) for p in prompts)
-        chunk = _envelope(rid, settings.model_name, created)
+        chunk = envelope("completion", rid, settings.model_name, chunk=True, created=created)
         chunk["choices"] = []
         chunk["usage"] = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
         yield sse_data(chunk)
