@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,8 @@ class Settings(BaseSettings):
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
     prediction_response_cache_tokens: int = Field(
         32768, ge=0, description="Tokens of earlier responses to `prediction` requests kept by the prediction engine "
-        "as a draft source, per `user` (~1.5 KB of memory each; 0: off, speed then reveals nothing across requests)."
+        "as a draft source, over all `user` scopes (each `user` drafts from its own; ~1.5 KB of memory a token; 0: "
+        "off, speed then reveals nothing across requests)."
     )
     # codec
     enable_codec: bool = Field(True, description="Serve the exact codec (/compress, /decompress).")
@@ -133,7 +134,7 @@ class Settings(BaseSettings):
     watchdog_seconds: float = Field(2.0, gt=0, description="How often engine liveness is checked.")
     engine_stall_seconds: float | None = Field(
         120.0, gt=0, description="An engine that answers no state query for this long is hung: the service "
-        "exits 1 like on an engine death. Off when empty."
+        "exits 1 like on an engine death. Off when empty (or `null`)."
     )
     drain_seconds: float = Field(30.0, ge=0, description="On SIGTERM, wait this long for in-flight requests.")
     # limits
@@ -173,8 +174,19 @@ class Settings(BaseSettings):
                                      "body_timeout_seconds, so large uploads over slow links still complete.")
     request_timeout_seconds: float | None = Field(
         600.0, gt=0, description="Deadline of a /v1 request, body to last byte (504; a stream ends with an error "
-        "event). Off when empty."
+        "event). Off when empty (or `null`)."
     )
+
+    @field_validator("served_model_name", "kv_cache_mib", "predict_memory_fraction", "api_key",
+                     "engine_stall_seconds", "request_timeout_seconds", mode="before")
+    @classmethod
+    def _empty_means_unset(cls, value: object) -> object:
+        """An optional setting given as an empty string, ``null`` or ``none`` is switched off: an environment
+        variable cannot hold a JSON null, and ``CASCADE_REQUEST_TIMEOUT_SECONDS=`` is how a compose file or
+        a shell says "none"."""
+        if isinstance(value, str) and value.strip().lower() in ("", "null", "none"):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _default_served_name(self) -> Settings:
@@ -220,7 +232,8 @@ LIMITS = [
      "while streaming too)",
      "413 `body_too_large` / `input_too_large`"),
     ("max_model_len", "prompt tokens + max_tokens (k-CBS: prompt + steps)", "400 `context_length_exceeded`"),
-    ("max_tokens_limit", "max_tokens / max_completion_tokens / codec.tokens", "400, param `max_tokens`"),
+    ("max_tokens_limit", "max_tokens / max_completion_tokens / codec.tokens",
+     "400 naming the field sent (`max_tokens`, …)"),
     ("max_n", "`n` choices per request", "400, param `n`"),
     ("max_prompts", "prompts in one /v1/completions request", "400, param `prompt`"),
     ("max_stop_sequences", "stop strings", "400, param `stop`"),
@@ -228,7 +241,8 @@ LIMITS = [
     ("max_top_logprobs", "logprobs / top_logprobs", "400, param `logprobs` / `top_logprobs` (chat)"),
     ("max_prediction_tokens", "prediction length in tokens (text checked before tokenising)",
      "400, param `prediction`"),
-    ("max_kcbs_steps", "k-CBS T (steps); max_edit_distance ≤ T, target ≤ T + max_edit_distance tokens",
+    ("max_kcbs_steps",
+     "k-CBS T (steps); with a target, max_edit_distance ≤ T and the target ≤ T + max_edit_distance tokens",
      "400, param `steps` / `max_edit_distance` / `target`"),
     ("max_kcbs_candidates", "k-CBS k² (candidates per step; k is also capped at 64)", "400, param `beam_width`"),
     ("codec_max_segments", "segments in a container", "400 `container_too_large`"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from cascade.cli import config_table, limits_table
-from cascade.settings import LIMITS, Settings
+from cascade.settings import LIMITS, Settings, load_settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NOT_REQUEST_LIMITS = {"max_num_seqs"}  # engine batching, not something a request can inflate
@@ -45,3 +45,19 @@ def test_config_table_takes_only_limits_and_refuses_anything_else(capsys: pytest
     assert refused.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
     assert main(["config-table", "--limits"]) == 0
     assert capsys.readouterr().out.startswith("| setting | env var |")
+
+
+@pytest.mark.parametrize("value", ["", "null", "None", " NULL "])
+def test_an_optional_setting_set_empty_or_null_in_the_environment_is_off(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CASCADE_ENGINE_STALL_SECONDS", value)
+    monkeypatch.setenv("CASCADE_REQUEST_TIMEOUT_SECONDS", value)
+    monkeypatch.setenv("CASCADE_KV_CACHE_MIB", value)
+    settings = Settings()
+    off = (settings.engine_stall_seconds, settings.request_timeout_seconds, settings.kv_cache_mib)
+    assert off == (None, None, None)
+
+
+def test_an_optional_setting_given_empty_on_the_command_line_is_off() -> None:
+    settings = load_settings(["--engine-stall-seconds", "", "--request-timeout-seconds", "null"])
+    assert settings.engine_stall_seconds is None and settings.request_timeout_seconds is None

@@ -48,8 +48,9 @@ def token_spelling(data: bytes) -> str:
 
 
 def _top_entry(token_id: int, decoded: str, logprob: float, table: TokenTable | None) -> dict[str, Any]:
-    """A token and its log-probability; a token the request's constraints ruled out (−inf: grammar,
-    ``allowed_token_ids``) shows as −9999.0, OpenAI's floor, because JSON has no infinity.
+    """A token and its log-probability; a token the request's grammar ruled out (−inf: vLLM applies the
+    grammar's mask before it takes log-probabilities, ``allowed_token_ids`` after) shows as −9999.0,
+    OpenAI's floor, because JSON has no infinity.
 
     The engine's spelling is kept when it is the token's own whole text. A token holding part of a
     character is ``""`` to the engine when it starts the character and the whole character when it
