@@ -392,3 +392,68 @@ def test_detokenize_gives_back_the_text_tokenize_cut(service: FakeService, prefi
         unauthorized = client.post(f"{prefix}/detokenize", json={"model": MODEL, "tokens": ids},
                                    headers={"authorization": "Bearer wrong"})
         assert unauthorized.status_code == 401
+
+
+def test_an_sdk_reply_sent_back_with_model_dump_continues_the_conversation(service: FakeService) -> None:
+    """``message.model_dump()`` holds ``annotations``, ``audio``, ``function_call`` and ``refusal`` as null
+    (or ``[]``): OpenAI takes such a message back, so this service does too."""
+    sdk = _sdk(service)
+    first = [{"role": "user", "content": "hi"}]
+    reply = sdk.chat.completions.create(model=MODEL, messages=first, max_tokens=3)  # type: ignore[arg-type]
+    dumped = reply.choices[0].message.model_dump()
+    assert {"annotations", "audio", "function_call"} <= dumped.keys()
+    for cited in (None, []):
+        again = sdk.chat.completions.create(model=MODEL, max_tokens=3, messages=[  # type: ignore[arg-type]
+            *first, {**dumped, "annotations": cited}, {"role": "user", "content": "again"}])
+        assert again.choices[0].message.content
+        prompt = service.engines.tokenizer.decode(service.engines.requests[-1][0])
+        assert f"assistant: {dumped['content']}\nuser: again\n" in prompt
+
+
+@pytest.mark.parametrize(("field", "value"), [("audio", {"id": "audio_1"}),
+                                              ("function_call", {"name": "f", "arguments": "{}"})])
+def test_an_audio_reply_or_a_deprecated_function_call_is_a_400_naming_it(
+        service: FakeService, field: str, value: dict[str, str]) -> None:
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", field: value},
+                {"role": "user", "content": "z"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == f"messages.1.{field}"  # type: ignore[index]
+
+
+def test_an_assistant_refusal_part_is_read_as_what_the_assistant_said(service: FakeService) -> None:
+    messages = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot help with that."}]},
+                {"role": "user", "content": "z"}]
+    _sdk(service).chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    prompt = service.engines.tokenizer.decode(service.engines.requests[-1][0])
+    assert "assistant: I cannot help with that.\nuser: z\n" in prompt
+    user_refusal = [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).chat.completions.create(model=MODEL, messages=user_refusal, max_tokens=3)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "messages.0.content"  # type: ignore[index]
+
+
+def test_a_tool_message_without_its_tool_call_id_is_a_400_naming_it(service: FakeService) -> None:
+    messages = [*REPLAY[:2], {"role": "tool", "content": "18 C"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        _sdk(service).chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "messages.2.tool_call_id"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_options_include_obfuscation_is_accepted_and_streams_the_same(service: FakeService, path: str) -> None:
+    body: dict[str, object] = {"model": MODEL, "max_tokens": 3, "stream": True, "temperature": 0}
+    body.update({"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"})
+    with service.client() as client:
+        texts = [client.post(path, json={**body, "stream_options": options}).text
+                 for options in ({"include_usage": True}, {"include_usage": True, "include_obfuscation": False})]
+    assert all(t.rstrip().endswith("data: [DONE]") for t in texts)
+    plain, with_option = (len(t.split("data: ")) for t in texts)
+    assert plain == with_option
+
+
+def test_an_unknown_model_is_a_404_typed_as_openai_types_it(service: FakeService) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        _sdk(service).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    assert caught.value.body == {**caught.value.body, "type": "invalid_request_error", "code": "model_not_found"}  # type: ignore[dict-item]

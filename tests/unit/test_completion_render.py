@@ -7,7 +7,14 @@ import math
 from pathlib import Path
 
 import pytest
-from cascade.api.completion_render import LOGPROB_FLOOR, logprob_entries, prompt_entries, render_logprobs, sampled_text
+from cascade.api.completion_render import (
+    LOGPROB_FLOOR,
+    TokenCharacters,
+    logprob_entries,
+    prompt_entries,
+    render_logprobs,
+    sampled_text,
+)
 from cascade.engine.types import Candidate, CompletionDelta, TokenLogprobs
 from cascade.export.token_table import TokenTable
 
@@ -102,9 +109,6 @@ def test_the_text_continues_the_prompt_as_the_engine_detokenizes_it(tokenizer: o
 
 def test_tokens_holding_part_of_a_character_get_distinct_names_real_bytes_and_character_offsets() -> None:
     """As vLLM decodes them: a token starting a character is "", the one ending it the whole character."""
-    from cascade.api.completion_render import render_logprobs, text_lengths
-    from cascade.export.token_table import TokenTable
-
     table = TokenTable(("", "", "x", "a"), (b"\xe6\x97", b"\xa5", b"x", b"a"))  # "日" = e6 97 a5
     first = TokenLogprobs(3, "a", -0.1, (Candidate(3, "a", -0.1),))
     starting = TokenLogprobs(0, "", -0.1, (Candidate(0, "", -0.1), Candidate(1, "", -2.0), Candidate(2, "x", -3.0)))
@@ -112,7 +116,7 @@ def test_tokens_holding_part_of_a_character_get_distinct_names_real_bytes_and_ch
     after = TokenLogprobs(2, "x", -0.3, (Candidate(2, "x", -0.3),))
     delta = CompletionDelta(0, "a日x", (3, 0, 1, 2), None, logprobs=(first, starting, ending, after))
     completion = render_logprobs("completion", logprob_entries(delta, 2, "completion", table), 0,
-                                 text_lengths(delta, 2))
+                                 TokenCharacters(table).count(delta, 2))
     assert completion["tokens"] == ["a", "bytes:\\xe6\\x97", "bytes:\\xa5", "x"]
     assert completion["top_logprobs"][1] == {"bytes:\\xe6\\x97": -0.1, "bytes:\\xa5": -2.0}
     assert completion["text_offset"] == [0, 1, 1, 2]
@@ -146,3 +150,23 @@ def test_echoed_prompt_offsets_index_the_echoed_text(pieces: list[bytes], text: 
     rendered = render_logprobs("completion", entries, 0, characters)
     assert rendered["text_offset"] == offsets
     assert rendered["token_logprobs"][0] is None and rendered["top_logprobs"][0] is None
+
+
+def test_a_generated_character_split_over_tokens_is_offset_as_an_echoed_one_is() -> None:
+    """The engine spells `` \xf0\x9f\x98`` + ``\x8f`` as ``""`` + ``" 😏"``: the space and the emoji both on the
+    second token. Offsets count as the echo path does: the space at the first token, the emoji at the token
+    completing it, so the second token starts at the emoji (1), not at the space (0)."""
+    raw = (b"x", b" \xf0\x9f\x98", b"\x8f", b"\xf0\x9f", b"!")
+    table = TokenTable(tuple(r.decode("utf-8", "replace") for r in raw), raw)
+    spelled = [(0, "x"), (1, ""), (2, " \U0001f60f"), (3, ""), (4, "\ufffd!")]
+    positions = [TokenLogprobs(t, text, -1.0, (Candidate(t, text, -1.0),)) for t, text in spelled]
+    counter = TokenCharacters(table)
+    counts = [n for position in positions  # one delta per token, as a stream delivers them: state carries
+              for n in counter.count(CompletionDelta(0, position.token, (position.token_id,), None,
+                                                     logprobs=(position,)), 0)]
+    assert counts == [1, 1, 1, 0, 2]
+    offsets = render_logprobs("completion", [{"token": "t", "logprob": -1.0, "top_logprobs": None}] * 5,
+                              0, counts)["text_offset"]
+    assert offsets == [0, 1, 2, 3, 3]
+    assert sum(counts) == sum(len(text) for _, text in spelled)
+    assert TokenCharacters(None).count(CompletionDelta(0, "", (1,), None, logprobs=(positions[1],)), 0) == [0]

@@ -25,12 +25,15 @@ class Choice:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     characters: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    counter: TokenCharacters | None = None
 
     def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None) -> None:
         self.text += delta.text
         self.tokens += len(delta.token_ids)
         self.logprobs += logprob_entries(delta, top_n, kind, table)
-        self.characters += text_lengths(delta, top_n)
+        if self.counter is None:
+            self.counter = TokenCharacters(table)
+        self.characters += self.counter.count(delta, top_n)
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 
@@ -120,17 +123,37 @@ def prompt_entries(prompt: Sequence[int], text: str, positions: Sequence[TokenLo
     return entries, characters
 
 
-def text_lengths(delta: CompletionDelta, top_n: int | None) -> list[int]:
-    """Characters each logprob entry's token adds to the text (the engine's spellings add up to it)."""
-    if top_n is None or delta.logprobs is None:
-        return []
-    return [len(position.token) for position in delta.logprobs]
+class TokenCharacters:
+    """Characters each generated token adds to the text, counted as ``prompt_entries`` counts an echoed
+    prompt's, so a ``text_offset`` means the same on both: a character split over tokens counts at the
+    token that completes it, and the characters before it in the token that starts it count there. The
+    engine's own spelling puts a split character and everything its first token held on the token that
+    completes it (`` \xf0\x9f\x98`` + ``\x8f`` spelled ``""`` + ``" 😏"``), so within such a run the
+    token table's bytes are decoded instead; elsewhere the engine's spellings (special tokens, a
+    tokenizer's own spaces) add up to the text. One per choice: the decoder carries across deltas."""
+
+    def __init__(self, table: TokenTable | None) -> None:
+        self.table = table
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def count(self, delta: CompletionDelta, top_n: int | None) -> list[int]:
+        if top_n is None or delta.logprobs is None:
+            return []
+        if self.table is None:
+            return [len(position.token) for position in delta.logprobs]
+        counts = []
+        for position in delta.logprobs:
+            data = self.table.data(position.token_id)
+            inside = bool(self.decoder.getstate()[0])
+            piece = self.decoder.decode(data)
+            counts.append(len(piece) if inside or not _utf8(data) else len(position.token))
+        return counts
 
 
 def render_logprobs(kind: Kind, entries: list[dict[str, Any]], text_offset: int,
                     characters: list[int]) -> dict[str, Any]:
     """Chat's ``content`` list, or completions' parallel lists; a ``text_offset`` counts the characters
-    of the text before its token (``characters``: ``text_lengths`` of the entries)."""
+    of the text before its token (``characters``: ``TokenCharacters`` counts of the entries)."""
     if kind == "chat":
         return {"content": entries}
     offsets = list(itertools.accumulate(characters[:-1], initial=text_offset)) if characters else []

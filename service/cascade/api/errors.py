@@ -20,7 +20,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "not_found_error",
+    404: "invalid_request_error",  # OpenAI's type for an unknown model or route
     405: "invalid_request_error",
     408: "invalid_request_error",
     409: "conflict_error",

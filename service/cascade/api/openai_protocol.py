@@ -77,6 +77,9 @@ class StrictModel(BaseModel):
 class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    include_obfuscation: bool | None = None
+    """OpenAI pads chunks with an ``obfuscation`` field against length side channels; this service adds
+    none, so either value streams the same chunks (the SDK sends the field when a caller sets it)."""
 
 
 class SamplingFields(StrictModel):
@@ -180,6 +183,14 @@ class TextPart(StrictModel):
     text: str
 
 
+class RefusalPart(StrictModel):
+    """An earlier assistant turn's refusal, as OpenAI returns it in content parts: its words are what the
+    assistant said, so the chat template reads them as text."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
 class MediaPart(BaseModel):
     """An OpenAI image/audio/file content part: parsed only so it can be refused by name (this
     model reads text), instead of failing as "not a valid string"."""
@@ -202,12 +213,20 @@ class ToolCall(StrictModel):
 
 
 class ChatMessage(StrictModel):
+    """A message as OpenAI's chat API takes it, and as the SDK sends back an earlier reply
+    (``message.model_dump()`` holds ``annotations``, ``audio`` and ``function_call``, null or empty):
+    ``annotations`` (citations of a reply) are accepted and do not reach the template; an ``audio``
+    reply or a deprecated ``function_call`` is refused by name (``prompts``)."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | MediaPart] | None = None
+    content: str | list[TextPart | RefusalPart | MediaPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
 
     def media(self) -> str | None:
         """The type of the first non-text content part, if any."""
@@ -221,7 +240,8 @@ class ChatMessage(StrictModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+        return "".join(part.text if isinstance(part, TextPart) else part.refusal
+                       for part in self.content if isinstance(part, TextPart | RefusalPart))
 
 
 class JsonSchema(StrictModel):

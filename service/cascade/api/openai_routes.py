@@ -18,6 +18,7 @@ from cascade.api.codec_completions import codec_completion
 from cascade.api.completion_render import (
     Choice,
     Kind,
+    TokenCharacters,
     choice_body,
     continuous_usage,
     envelope,
@@ -25,7 +26,6 @@ from cascade.api.completion_render import (
     prompt_entries,
     render_logprobs,
     stream_flags,
-    text_lengths,
     usage,
 )
 from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, request_id
@@ -178,6 +178,7 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
     first = True
     completion_tokens = 0
     text_offsets: dict[int, int] = {}
+    counters: dict[int, TokenCharacters] = {}
     announced: set[int] = set()
     async for prompt_index, output in outputs:
         plan.observe(prompt_index, output)
@@ -195,7 +196,8 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             if plan.top_logprobs is not None:
                 entries = start.logprobs + logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
                 logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0),
-                                           start.characters + text_lengths(delta, plan.top_logprobs))
+                                           start.characters + counters.setdefault(
+                                               index, TokenCharacters(plan.tokens)).count(delta, plan.top_logprobs))
             text_offsets[index] = text_offsets.get(index, 0) + len(text)
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True, created=created)
             chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,

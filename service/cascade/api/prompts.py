@@ -11,7 +11,7 @@ from typing import Any
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_fits
 from cascade.api.input_bounds import tokenize as tokenize_text
-from cascade.api.openai_protocol import ChatMessage, ToolCall
+from cascade.api.openai_protocol import ChatMessage, RefusalPart, ToolCall
 from cascade.api.sampling import check_token_ids
 from cascade.engine.manager import EngineManager
 
@@ -98,8 +98,20 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
         if (media := message.media()) is not None:
             raise APIError(400, f"{media} content parts are not supported: this model reads text only",
                            param=f"messages.{i}.content", code="unsupported_content")
+        parts = message.content if isinstance(message.content, list) else []
+        if message.role != "assistant" and any(isinstance(part, RefusalPart) for part in parts):
+            raise APIError(400, "only assistant messages carry refusal parts", param=f"messages.{i}.content")
+        if message.audio is not None:
+            raise APIError(400, "audio replies are not supported: this model reads text only",
+                           param=f"messages.{i}.audio", code="unsupported_content")
+        if message.function_call is not None:
+            raise APIError(400, "function_call (deprecated) is not supported: replay the call as tool_calls",
+                           param=f"messages.{i}.function_call", code="unsupported_parameter")
         if message.tool_calls is not None and message.role != "assistant":
             raise APIError(400, "only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls")
+        if message.role == "tool" and message.tool_call_id is None:
+            raise APIError(400, "a tool message needs the tool_call_id of the call it answers",
+                           param=f"messages.{i}.tool_call_id", code="missing_required_parameter")
         if message.tool_call_id is not None and message.role != "tool":
             raise APIError(400, "only tool messages carry a tool_call_id", param=f"messages.{i}.tool_call_id")
         if message.content is None and message.role != "assistant":
