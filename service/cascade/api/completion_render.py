@@ -176,12 +176,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 
 def envelope(kind: Kind, rid: str, model: str, chunk: bool, created: int) -> dict[str, Any]:
-    """A reply's or chunk's head; ``created`` is the request's, the same in every chunk of a stream."""
+    """A reply's or chunk's head; ``created`` is the request's, the same in every chunk of a stream.
+    ``system_fingerprint`` is always present, as in OpenAI's replies, and null as in vLLM's."""
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     obj = {"chat": "chat.completion", "completion": "text_completion"}[kind]
     if chunk and kind == "chat":
         obj += ".chunk"
-    return {"id": f"{prefix}-{rid}", "object": obj, "created": created, "model": model}
+    return {"id": f"{prefix}-{rid}", "object": obj, "created": created, "model": model, "system_fingerprint": None}
 
 
 def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,
