@@ -130,6 +130,26 @@ def test_echo_with_logprobs_scores_every_prompt_token_as_lm_eval_reads_it(openai
     assert lp.token_logprobs[-1] == pytest.approx(plain.choices[0].logprobs.token_logprobs[0], abs=1e-4)
 
 
+def test_a_scored_window_holds_one_token_less_than_the_context_and_longer_ones_are_told_so(
+        openai_client, service) -> None:
+    """A rolling-window evaluation scores windows with echo and max_tokens 0. vLLM takes a prompt's
+    log-probabilities only while it runs one token past it, so a window of max_model_len − 1 tokens is
+    scored whole and a full window is a 400 that says how long a scored prompt may be."""
+    window = 1024  # the default service's max_model_len
+    with service.client() as client:
+        ids = client.post("/v1/tokenize", json={"model": MODEL, "prompt": CODE_PROMPT * 400}).json()["tokens"]
+        scored = openai_client.completions.create(model=MODEL, prompt=ids[:window - 1], max_tokens=0, logprobs=0,
+                                                  echo=True)
+        full = client.post("/v1/completions", json={"model": MODEL, "prompt": ids[:window], "max_tokens": 0,
+                                                     "logprobs": 0, "echo": True})
+    scores = scored.choices[0].logprobs.token_logprobs
+    assert len(scores) == window - 1 and scores[0] is None and all(s <= 0 for s in scores[1:])
+    assert scored.usage.prompt_tokens == window - 1 and scored.usage.completion_tokens == 0
+    error = full.json()["error"]
+    assert full.status_code == 400 and error["code"] == "context_length_exceeded", full.text
+    assert f"at most {window - 1} tokens" in error["message"] and error["param"] == "prompt"
+
+
 def test_batched_prompts_give_one_choice_per_prompt(openai_client) -> None:
     out = openai_client.completions.create(model=MODEL, prompt=["import sys\n", CODE_PROMPT], max_tokens=5,
                                            temperature=0)

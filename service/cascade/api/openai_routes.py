@@ -43,6 +43,7 @@ from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, e
 from cascade.api.sampling import (
     check_min_tokens,
     check_model,
+    check_scored_prompts,
     check_token_ids,
     generation_request,
     resolve_max_tokens,
@@ -287,8 +288,10 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                        param="max_tokens")
     if score_only:
         check_min_tokens(body.min_tokens, 0)
-    requested = 1 if score_only else body.max_tokens
-    max_tokens = max(resolve_max_tokens(requested, len(p), settings, "max_tokens") for p in prompts)
+        check_scored_prompts(prompts, settings)
+        max_tokens = 1  # the engine samples one token past the prompt, which the reply leaves out
+    else:
+        max_tokens = max(resolve_max_tokens(body.max_tokens, len(p), settings, "max_tokens") for p in prompts)
     stream, include_usage = stream_flags(body)
     prediction = await predicted(body, engines, settings)
     if prediction is not None and len(prompts) > 1:

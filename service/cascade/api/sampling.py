@@ -91,6 +91,18 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, settings: Setting
     return requested if requested is not None else min(room, settings.max_tokens_limit)
 
 
+def check_scored_prompts(prompts: list[list[int]], settings: Settings) -> None:
+    """Scoring a prompt (``echo`` with ``max_tokens`` 0) generates nothing, but vLLM takes log-probabilities
+    of a prompt only while it runs one token past it, so a scored prompt holds at most
+    ``max_model_len − 1`` tokens (a rolling-window evaluation sets its window so)."""
+    longest = max(len(p) for p in prompts)
+    if longest >= settings.max_model_len:
+        raise APIError(400, f"This model's maximum context length is {settings.max_model_len} tokens and scoring "
+                            f"a prompt (echo, max_tokens 0) needs one position past it, so a scored prompt holds at "
+                            f"most {settings.max_model_len - 1} tokens; this one has {longest}. Shorten the prompt.",
+                       param="prompt", code="context_length_exceeded")
+
+
 def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
     """``max_tokens`` is the request's own (0 when echo only scores the prompt), not what the engine is
     asked for."""
