@@ -155,7 +155,23 @@ def test_logprobs_name_part_character_tokens_by_their_bytes_and_offsets_count_ch
     assert any(t.startswith("bytes:") for t in tokens), tokens
     assert all(token in top and len(top) >= 2 for token, top in zip(tokens, tops, strict=True)), tops
     assert offsets == sorted(offsets) and offsets[-1] < len(text), (offsets, text)
+    assert offsets == _offsets_of_bytes(tokens), (tokens, offsets)
     chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "日本語"}],
                                                  max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
     content = chat.choices[0].logprobs.content
     assert b"".join(bytes(entry.bytes) for entry in content).decode() == chat.choices[0].message.content
+
+
+def _offsets_of_bytes(tokens: list[str]) -> list[int]:
+    """Each token's offset as the echo path counts it: the characters its predecessors' bytes decode to
+    (a character split over tokens counts at the token completing it)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, at = [], 0
+    for token in tokens:
+        data = (bytes(int(h, 16) for h in token[len("bytes:"):].split("\\x")[1:]) if token.startswith("bytes:")
+                else token.encode())
+        offsets.append(at)
+        at += len(decoder.decode(data))
+    return offsets

@@ -196,10 +196,11 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             logprobs = None
             if plan.top_logprobs is not None:
                 entries = start.logprobs + logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
-                logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0),
-                                           start.characters + counters.setdefault(
-                                               index, TokenCharacters(plan.tokens)).count(delta, plan.top_logprobs))
-            text_offsets[index] = text_offsets.get(index, 0) + len(text)
+                counter = counters.setdefault(index, TokenCharacters(plan.tokens))
+                characters = start.characters + counter.count(delta, plan.top_logprobs)
+                logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0), characters)
+                # by tokens' characters, not the chunk's text: a chunk may hold none of its token's characters
+                text_offsets[index] = text_offsets.get(index, 0) + sum(characters)
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True, created=created)
             chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,
                                             first=index not in announced)]
