@@ -102,11 +102,16 @@ def test_a_model_whose_int8_gemm_is_slower_runs_the_float32_path_with_the_same_i
 
 
 @pytest.mark.parametrize("act_max", [ACT8, ACT16])
-def test_the_float32_path_over_blocks_of_outputs_is_the_exact_integer_product(act_max: float) -> None:
+@pytest.mark.parametrize("rows", [5, ops.F64_GEMM_ROWS - 1, ops.F64_GEMM_ROWS])
+@pytest.mark.parametrize("terms", [96, 1100], ids=["one piece", "two pieces"])
+def test_the_float32_path_over_blocks_of_outputs_is_the_exact_integer_product(act_max: float, rows: int,
+                                                                              terms: int) -> None:
+    """Every way the float path takes: float32 pieces (one, or several added in float64), the output
+    layer's two float32 digit rows under ``F64_GEMM_ROWS`` rows and its float64 GEMM from there on."""
     g = torch.Generator().manual_seed(7)
     out = 2 * ops.F32_COLUMNS + 37
-    linear = QuantLinear(torch.randn(out, 96, generator=g), None, act_max, torch.device("cpu"))
-    m = torch.randint(-int(act_max), int(act_max) + 1, (5, 96), generator=g).to(torch.float64)
+    linear = QuantLinear(torch.randn(out, terms, generator=g), None, act_max, torch.device("cpu"))
+    m = torch.randint(-int(act_max), int(act_max) + 1, (rows, terms), generator=g).to(torch.float64)
     m[0] = act_max
     m[1] = -act_max
     assert not linear.int8_gemm

@@ -117,6 +117,7 @@ def _running_sums(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 _CASTS: dict[tuple[torch.dtype, torch.dtype], str] = {
     (I8, F32): "int8 weights and activations (magnitude ≤ 127) → float32: exact",
+    (I8, F64): "int8 weights (magnitude ≤ 127) and output-layer digits → float64: exact",
     (F64, F32): "activation integers (magnitude ≤ 128) → float32: exact",
     (F32, F64): "GEMM partial sums (integers < 2**24), float32 checkpoint rows → float64: exact",
     (BF16, F64): "embedding rows → float64: every bf16 is exact",
@@ -131,8 +132,8 @@ _CASTS: dict[tuple[torch.dtype, torch.dtype], str] = {
     (I64, I64): "no conversion",
 }
 _CAST_BOUNDS: dict[tuple[torch.dtype, torch.dtype], float] = {
-    (I8, F32): ACT8, (F64, F32): ACT8 + 1, (F64, I32): 2**31 - 1, (F64, I64): RINT_LIMIT, (F64, I8): ACT8,
-    (I64, F64): FP64_EXACT - 1}
+    (I8, F32): ACT8, (I8, F64): ACT8, (F64, F32): ACT8 + 1, (F64, I32): 2**31 - 1, (F64, I64): RINT_LIMIT,
+    (F64, I8): ACT8, (I64, F64): FP64_EXACT - 1}
 """The value bounds ``_CASTS`` states, checked on every conversion the audit sees."""
 
 
@@ -157,9 +158,14 @@ _INT = frozenset({I64})
 
 ALLOWED: dict[str, Allowed] = {
     # -- matrix products: exact integer sums, any order ---------------------------------------------
-    "aten.mm.default": Allowed(frozenset({F32}), "int8 × int8 (magnitudes ≤ 127; output layer: hi/lo halves "
-                               "≤ 128) over ≤ 1,040 terms: every partial sum < 2**24, exact in float32 in any order",
+    "aten.mm.default": Allowed(frozenset({F32}), "int8 × int8 (magnitudes ≤ 127; the output layer "
+                               "under 64 rows: hi/lo halves ≤ 128) over ≤ 1,040 terms: every partial sum < 2**24, "
+                               "exact in float32 in any order",
                                check=_mm_pieces),
+    "aten.mm.out": Allowed(frozenset({F64}), "the output layer on the float path from 64 rows: ±32,767 "
+                           "activations × int8 weights over K terms, every partial sum an integer < 2**53: "
+                           "exact in float64 in any order",
+                           check=_exact_float64_products),
     "aten._int_mm.default": Allowed(frozenset({I8}), "int8 × int8 with int32 accumulation (activations ≤ 127, "
                                     "output-layer digits ≤ 64, weights ≤ 127): sums below 127·127·K < 2**31, exact "
                                     "— on shapes whose kernel passed the host's saturation probe (exact.int8_gemm)",

@@ -9,9 +9,9 @@ Why it is exact (the argument the codec's portability rests on):
   * linear layers: int8 weights (per output channel, from the checkpoint) × int8 activations
     (per token) in float32 GEMMs, reductions split into pieces of at most 1,040 terms so every
     partial sum stays below 2**24 (127·127·1040 < 2**24); the pieces are added in float64;
-  * the output layer: int8 weights × int16 activations, split as ``hi·2**8 + lo`` (both ≤ 128 in
-    magnitude) into two float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24),
-    recombined in float64 — the same integer sum a float64 GEMM gives (32767·127·K < 2**53);
+  * the output layer: int8 weights × int16 activations in a float64 GEMM (32767·127·K < 2**53,
+    checked at load), or, for a few rows, split as ``hi·2**8 + lo`` (both ≤ 128 in magnitude) into two
+    float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24) recombined in float64;
   * attention: queries, keys and values on fixed grids (2**-10) with clamped magnitudes, and
     table-driven integer attention weights (≤ 2**16), both products in float64 with bounds
     checked at load time for the longest context;

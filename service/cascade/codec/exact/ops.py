@@ -17,6 +17,8 @@ from cascade.codec.exact.int8_gemm import column_major, int8_gemm_is_exact, int8
 
 F32_COLUMNS = 1024
 """Outputs per block of the float32 path (a block of 1,024 × 576 weights is 2.4 MB as float32)."""
+F64_GEMM_ROWS = 64
+"""Rows from which the output layer's product on the float path is one float64 GEMM (``_float32_product``)."""
 
 
 class UnsupportedModelError(ValueError):
@@ -39,10 +41,9 @@ class QuantLinear:
     never slower up to prefill-sized blocks. With ``int8_gemm`` (and probes that found the host's int8
     GEMM exact, and faster than the float32 pieces, for this shape) the product is ``torch._int_mm``;
     otherwise each GEMM converts one piece of ≤ 1,040 input rows to float32 on the fly (int8 values are
-    exact in float32), so the stored model stays at one byte per weight either way. On the float32 path
-    the output layer's int16 activations are split as ``hi·2**8 + lo`` with ``|hi|, |lo| ≤ 128``, two
-    float32 products per piece of ≤ 1,032 terms (128·127·1032 < 2**24), recombined exactly in float64:
-    the same integer sum as a float64 GEMM, at float32 speed (the int8 path's digits: ``_int8_product``)."""
+    exact in float32), so the stored model stays at one byte per weight either way; the output layer's
+    ±32,767 activations take one float64 GEMM there from ``F64_GEMM_ROWS`` rows on, and two float32 digit
+    rows below (the int8 path's digits: ``_int8_product``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, act_max: float,
                  device: torch.device, int8_gemm: bool = False, unit: float = 1.0) -> None:
@@ -104,24 +105,49 @@ class QuantLinear:
         return digit_product(torch.cat([a, t - a * 128.0, m - t * 128.0]).to(torch.int8), self.weight)
 
     def _float32_product(self, m: torch.Tensor) -> torch.Tensor:
-        """``m @ W`` as exact integers in float64 through float32 GEMMs of ≤ 1,040-term pieces, over blocks of
-        ≤ ``F32_COLUMNS`` outputs: a block's weights, converted, stay in cache for its GEMM (converting
-        SmolLM2's whole output layer per call wrote 113 MB: 3 rows of logits 76 → 11 ms on a Zen 3 host)."""
+        """``m @ W`` as exact integers in float64, over blocks of ≤ ``F32_COLUMNS`` outputs: a block's weights,
+        converted, stay in cache for its GEMM (converting SmolLM2's whole output layer per call wrote 113 MB:
+        3 rows of logits 76 → 11 ms on a Zen 3 host). ±127 activations: float32 GEMMs of ≤ 1,040-term pieces,
+        each exact, the first written into the result and the others added to it in float64. ±32,767 ones
+        (the output layer), from ``F64_GEMM_ROWS`` rows on: one float64 GEMM, exact because every partial sum
+        is an integer below 2**53 (checked at load), at ~0.7–0.85× the time of the two float32 digit rows
+        below (Zen 3, 2 threads: pycoder-23m's head at 1,024 rows 148 against 209 ms, SmolLM2's at 128 rows
+        278 against 367 ms); fewer rows split ``m = hi·2**8 + lo`` (|hi|, |lo| ≤ 128) into two float32
+        products per piece of ≤ 1,032 terms, recombined in float64, since converting the weights to float64
+        costs more than the product there (SmolLM2's head at 33 rows: 115 against 92 ms)."""
         rows = m.shape[0]
+        acc = torch.empty((rows, self.out_features), dtype=torch.float64, device=self.device)
+        if self.act_max == ACT16 and rows >= F64_GEMM_ROWS:
+            m64 = m.to(torch.float64)
+            for c in range(0, self.out_features, F32_COLUMNS):
+                torch.mm(m64, self.weight[:, c:c + F32_COLUMNS].to(torch.float64), out=acc[:, c:c + F32_COLUMNS])
+            return acc
         if self.act_max == ACT16:
             hi = rint_(m * 2.0**-8)
             m = torch.cat([hi, m - hi * 256.0])
         m32 = m.to(torch.float32)
-        acc = torch.zeros((rows, self.out_features), dtype=torch.float64, device=self.device)
         for c in range(0, self.out_features, F32_COLUMNS):
-            block = acc[:, c:c + F32_COLUMNS]
-            for a, b in self.pieces:
-                part = (m32[:, a:b] @ self.weight[a:b, c:c + F32_COLUMNS].to(torch.float32)).to(torch.float64)
-                block += part[:rows] * 256.0 + part[rows:] if self.act_max == ACT16 else part
+            block, weight = acc[:, c:c + F32_COLUMNS], self.weight[:, c:c + F32_COLUMNS]
+            for i, (a, b) in enumerate(self.pieces):
+                part = (m32[:, a:b] @ weight[a:b].to(torch.float32)).to(torch.float64)
+                if self.act_max == ACT16:
+                    part = part[:rows].mul_(256.0).add_(part[rows:])
+                if i == 0:
+                    block.copy_(part)
+                else:
+                    block.add_(part)
         return acc
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.scale, self.bias) if t is not None)
+
+
+def digit_values(digits: torch.Tensor) -> torch.Tensor:
+    """The ±32,767 integers (float64) of three int8 digit rows ``a·2**14 + b·2**7 + c`` stacked as
+    ``(3·rows, K)`` (``fused.norm_digits``'s), for a GEMM that takes them whole."""
+    rows = digits.shape[0] // 3
+    d = digits.to(torch.float64)
+    return d[:rows].mul(128.0).add_(d[rows:2 * rows]).mul_(128.0).add_(d[2 * rows:])
 
 
 def digit_product(digits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
