@@ -8,16 +8,20 @@ parsed, before any request reaches the app, so a refused request costs at most `
 of memory. (Slow *bodies* are the gateway middleware's job: it owns the admission slot they hold.)
 
 It also closes a connection the way a client can read: a handler may answer before the upload ended
-(a container refused by its first bytes, a 413), and closing a socket with request bytes still
-unread makes the kernel send a reset that can destroy the answer on its way to the client. So the
-protocol lingers: it sends its answer and a FIN, reads and discards what the client still sends for
-up to ``LINGER_SECONDS``, and closes then (or when the client closes first).
+(a container refused by its first bytes, a 413), and the protocol itself refuses headers before they
+ended (a 431: clients such as httpx send the whole request before they read), and closing a socket
+with request bytes still unread makes the kernel send a reset that can destroy the answer on its way
+to the client. So the protocol lingers: it sends its answer and a FIN, reads and discards what the
+client still sends for up to ``LINGER_SECONDS`` (after a refused header, up to another
+``max_bytes`` of it: a client streaming a huge header still meets a reset soon), and closes then
+(or when the client closes first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +52,7 @@ class LingeringTransport:
         self._body_unread = body_unread
         self._loop = loop
         self._timer: asyncio.TimerHandle | None = None
+        self._budget = math.inf
         self.lingering = False
 
     def __getattr__(self, name: str) -> Any:
@@ -57,14 +62,30 @@ class LingeringTransport:
         return self.lingering or self._transport.is_closing()
 
     def close(self) -> None:
-        if self.lingering or self._transport.is_closing() or not self._body_unread() \
-                or not self._transport.can_write_eof():
+        if self.lingering or not self._body_unread():
+            self.abandon()
+        else:
+            self.linger()
+
+    def linger(self, budget: float = math.inf) -> None:
+        """Send what is written and a FIN, then drop what the client still sends, for up to
+        ``LINGER_SECONDS`` and ``budget`` bytes, before closing."""
+        if self.lingering:
+            return
+        if self._transport.is_closing() or not self._transport.can_write_eof():
             self.abandon()
             return
         self.lingering = True
+        self._budget = budget
         self._transport.resume_reading()
         self._transport.write_eof()
         self._timer = self._loop.call_later(LINGER_SECONDS, self.abandon)
+
+    def drop(self, received: int) -> None:
+        """Bytes read while lingering: dropped, and past the budget the connection closes."""
+        self._budget -= received
+        if self._budget < 0:
+            self.abandon()
 
     def abandon(self) -> None:
         """Close now, lingering or not."""
@@ -109,6 +130,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._lingering.lingering:
+            self._lingering.drop(len(data))
             return
         super().data_received(data)
         if self._in_headers and not self.transport.is_closing():
@@ -141,8 +163,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """A limit's refusal, or httptools' parse error (a garbage request line, a bad header name,
         conflicting lengths, a bad chunk size) — in OpenAI's error shape like every other answer. Once a
         response has begun (a bad chunk further into a body the app already answers), another status line
-        would corrupt it: the connection just closes."""
-        if self.cycle is not None and self.cycle.response_started:
+        would corrupt it: the connection just closes. ``cycle`` is still the previous request's while a
+        kept-alive connection's next request arrives; a request and response both finished do not stop
+        this refusal."""
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started and not (cycle.response_complete and not cycle.more_body):
             self.transport.close()
             return
         self._refuse(*(self._refusal or (400, f"{msg.rstrip('.')}: the request line, a header or the body's "
@@ -177,7 +202,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"x-request-id: %s\r\nconnection: close\r\n\r\n%s"
                              % (status, reason, len(body), rid, body))
-        self.transport.close()
+        self._lingering.linger(budget=self.limits.max_bytes)
 
 
 def limited_protocol(limits: HeaderLimits) -> type[LimitedHttpProtocol]:

@@ -180,6 +180,26 @@ def test_header_limits_answer_431_and_close(server: tuple[str, int, FastAPI], he
         assert _closed(sock)
 
 
+@pytest.mark.parametrize("second", [
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8300 + b"\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(60)) + b"\r\n",
+    b"GARBAGE\x00 / HTTP/1.1\r\n\r\n",
+], ids=["size", "count", "request-line"])
+def test_a_kept_alive_connections_next_request_is_refused_with_an_answer(server: tuple[str, int, FastAPI],
+                                                                         second: bytes) -> None:
+    """The connection's previous request, answered, must not make the refusal of the next one a bare close."""
+    host, port, _ = server
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _status(_read_reply(sock)) == 200
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(second)
+        reply = _read_reply(sock)
+        assert reply, "closed without an answer"
+        assert _status(reply) in (400, 431) and b'"code": "' in reply, reply[:300]
+        assert _closed(sock)
+
+
 def test_a_huge_header_is_refused_while_it_streams_in(server: tuple[str, int, FastAPI]) -> None:
     """64 MB announced: refused after about the limit, not buffered whole."""
     host, port, _ = server
