@@ -187,6 +187,8 @@ def test_a_replay_shows_the_text_and_finish_reason_the_engine_gave(service: Serv
         "end of sequence": {"max_tokens": 5, "allowed_token_ids": [eos]},
         "stop sequence": {"max_tokens": 24, "temperature": 0, "stop": ["\n", "zzz"]},
         "stop sequence, sampled": {"max_tokens": 32, "temperature": 1.0, "seed": 11, "stop": ["(", ":"]},
+        "stop sequence kept": {"max_tokens": 24, "temperature": 0, "stop": ["\n", "zzz"],
+                               "include_stop_str_in_output": True},
         "length": {"max_tokens": 6, "temperature": 0},
     }
     codec: dict[str, object] = {"precision_bits": 24, "top_k": 16}

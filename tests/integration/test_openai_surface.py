@@ -69,6 +69,21 @@ def test_stop_sequence_ends_generation_with_stop_reason(openai_client) -> None:
     assert out.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output_keeps_the_stop_sequence_and_nothing_after_it(openai_client, stream: bool) -> None:
+    """vLLM's extension, as its own server takes it (``extra_body``); the text ends where the stop ends."""
+    kwargs = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 40, "temperature": 0, "stop": ["(s"],
+              "extra_body": {"include_stop_str_in_output": True}, "stream": stream}
+    out = openai_client.completions.create(**kwargs)
+    if stream:
+        chunks = list(out)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        text, finish = out.choices[0].text, [out.choices[0].finish_reason]
+    assert (text, finish) == ("utf8_survival(s", ["stop"])
+
+
 def test_seeded_sampling_is_reproducible_and_n_gives_indexed_choices(openai_client) -> None:
     kwargs = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 12, "temperature": 1.0, "seed": 1234, "n": 3}
     first = openai_client.completions.create(**kwargs)

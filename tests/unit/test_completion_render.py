@@ -72,6 +72,12 @@ def test_a_stop_sequence_the_last_token_completes_is_cut_off(tokenizer: object) 
     assert render(tokenizer, ids[:cut], ["\n"]) == ("import sys", "stop")
 
 
+def test_with_include_stop_str_in_output_the_text_ends_where_the_stop_sequence_ends(tokenizer: object) -> None:
+    ids = ids_of(tokenizer, "import sys\nimport os")
+    assert sampled_text([], ids, ["sys"], False, 0, {EOS}, tokenizer, keep_stop=True) == ("import sys", "stop")
+    assert sampled_text([], ids, ["s\ni"], False, 0, {EOS}, tokenizer, keep_stop=True) == ("import sys\ni", "stop")
+
+
 def test_no_stop_sequence_is_searched_for_within_min_tokens(tokenizer: object) -> None:
     ids = ids_of(tokenizer, "a\nb c d")
     first_newline = next(i for i in range(1, len(ids) + 1) if "\n" in tokenizer.decode(ids[:i]))  # type: ignore[attr-defined]

@@ -155,4 +155,5 @@ def _sampled_text(request: Request, body: CompletionRequest, prompt: list[int], 
                   codec: CodecPipeline) -> tuple[str, str]:
     """The text and finish reason of ``ids`` under this request's stop rules, as the engine gave them."""
     return sampled_text(prompt, ids, body.stop_sequences(), body.ignore_eos, body.min_tokens,
-                        get_gateway(request).engines.eos_token_ids, codec.tokenizer, body.stop_token_ids or ())
+                        get_gateway(request).engines.eos_token_ids, codec.tokenizer, body.stop_token_ids or (),
+                        keep_stop=body.include_stop_str_in_output)

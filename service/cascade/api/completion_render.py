@@ -214,7 +214,7 @@ def stream_flags(request: SamplingFields) -> tuple[bool, bool]:
 
 def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str], ignore_eos: bool,
                  min_tokens: int, eos_ids: Collection[int], tokenizer: Any,
-                 stop_token_ids: Collection[int] = ()) -> tuple[str, str]:
+                 stop_token_ids: Collection[int] = (), keep_stop: bool = False) -> tuple[str, str]:
     """The text and finish reason the engine gave when it sampled ``ids`` after ``prompt`` — what a
     replay (the codec's decode mode) must show. It repeats vLLM's output processor token by token:
     incremental detokenization after the prompt with special tokens skipped (an incomplete UTF-8
@@ -222,7 +222,8 @@ def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str]
     none under ``ignore_eos``), and so does one of ``stop_token_ids`` (also under ``ignore_eos``:
     vLLM's ``check_stop``); after ``min_tokens``, each token's new characters (with the
     ``len(stop) − 1`` before them) are searched for the stop sequences, the one ending earliest
-    winning (ties: the request's order), and the text is cut where it starts (``"stop"``); else
+    winning (ties: the request's order), and the text is cut where it starts, or where it ends with
+    ``keep_stop`` (vLLM's ``include_stop_str_in_output``) (``"stop"``); else
     ``"length"``. For a sampled generation only its last token can end it; tokens that are not one
     (decode mode's arbitrary bytes) show what the engine would have stopped at."""
     step = _text_steps(tokenizer, prompt)
@@ -235,18 +236,19 @@ def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str]
         if stops and n > min_tokens and len(text) > before:
             found = _earliest_stop(text, before, stops)
             if found is not None:
-                return text[:found], "stop"
+                return text[:found[1] if keep_stop else found[0]], "stop"
     return text, "length"
 
 
-def _earliest_stop(text: str, before: int, stops: Sequence[str]) -> int | None:
-    """Where the stop sequence that a step completed first starts (``before``: the text's length before it)."""
+def _earliest_stop(text: str, before: int, stops: Sequence[str]) -> tuple[int, int] | None:
+    """Where the stop sequence that a step completed first starts and ends (``before``: the text's length
+    before the step)."""
     best: tuple[int, int] | None = None
     for stop in stops:
         at = text.find(stop, max(0, before + 1 - len(stop)))
         if at != -1 and (best is None or at + len(stop) < best[0]):
             best = (at + len(stop), at)
-    return None if best is None else best[1]
+    return None if best is None else (best[1], best[0])
 
 
 def _text_steps(tokenizer: Any, prompt: Sequence[int]) -> Callable[[int], str]:

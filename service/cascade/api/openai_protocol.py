@@ -101,6 +101,7 @@ class SamplingFields(StrictModel):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     allowed_token_ids: Annotated[list[int], Field(min_length=1)] | None = None
     bad_words: list[str] | None = None

@@ -130,7 +130,8 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         raise APIError(400, f"{field} may be at most {settings.max_top_logprobs}", param=field)
     return GenerationRequest(
         max_tokens=max_tokens, n=request.n, stream=stream, stop=_stops(request, settings),
-        stop_token_ids=_stop_token_ids(request, settings, vocab_size), seed=_seed(request),
+        stop_token_ids=_stop_token_ids(request, settings, vocab_size),
+        include_stop_str_in_output=request.include_stop_str_in_output, seed=_seed(request),
         logprobs=logprobs, logit_bias=_logit_bias(request, vocab_size), ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens, allowed_token_ids=_allowed_tokens(request, vocab_size),
         bad_words=None if request.bad_words is None else tuple(request.bad_words),

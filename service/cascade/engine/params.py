@@ -61,6 +61,7 @@ def sampling_params(request: GenerationRequest, vocab_size: int) -> SamplingPara
         "max_tokens": 1 if exporting else request.max_tokens,
         "stop": list(request.stop),
         "stop_token_ids": list(request.stop_token_ids),
+        "include_stop_str_in_output": request.include_stop_str_in_output,
         "seed": request.seed,
         "logprobs": request.logprobs,
         "logit_bias": request.logit_bias,

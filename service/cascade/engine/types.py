@@ -43,6 +43,7 @@ class GenerationRequest:
     stream: bool = False
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
     seed: int | None = None
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
