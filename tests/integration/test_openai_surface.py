@@ -49,6 +49,20 @@ def test_chat_completion_uses_chat_template_and_reports_usage(openai_client, ser
     assert out.choices[0].finish_reason == "length"
 
 
+def test_tokenize_renders_chat_messages_as_chat_completions_do(openai_client, service) -> None:
+    """vLLM's ``/tokenize`` with ``messages``: the ids a chat completion's prompt counts."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "write a function"}]
+    out = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, temperature=0)
+    with service.client() as client:
+        chat = client.post("/v1/tokenize", json={"model": MODEL, "messages": messages}).json()
+        bare = client.post("/tokenize", json={"model": MODEL, "messages": messages,
+                                              "add_generation_prompt": False}).json()
+        both = client.post("/v1/tokenize", json={"model": MODEL, "messages": messages, "prompt": "x"})
+    assert chat["count"] == len(chat["tokens"]) == out.usage.prompt_tokens
+    assert chat["tokens"][:len(bare["tokens"])] == bare["tokens"] and bare["count"] < chat["count"]
+    assert both.status_code == 400 and both.json()["error"]["code"]
+
+
 def test_chat_stream_sends_role_then_content_then_usage(openai_client) -> None:
     stream = openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=6, temperature=0, stream=True,

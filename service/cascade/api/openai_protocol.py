@@ -284,11 +284,28 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
 
 
 class TokenizeRequest(StrictModel):
-    """``POST /v1/tokenize`` (vLLM's shape): lets clients cut a corpus into model-sized windows."""
+    """``POST /v1/tokenize`` (vLLM's shape): a ``prompt``, or chat ``messages`` rendered with the model's
+    chat template as chat completions render them; lets clients cut a corpus into model-sized windows."""
 
     model: str
-    prompt: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
     add_special_tokens: bool = False
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.messages is not None and self.add_special_tokens:
+            raise ValueError("add_special_tokens applies to a prompt; the chat template places a chat's own")
+        return self
+
+    def size(self) -> int:
+        """Characters to tokenise (``max_tokenize_chars``)."""
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(m.text() or "") for m in self.messages or [])
 
 
 class DetokenizeRequest(StrictModel):

@@ -256,8 +256,13 @@ def _check_tokenizer_request(model: str, size: int, param: str, unit: str, setti
 @vllm_paths.post("/tokenize")
 async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_settings),
                    engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
-    _check_tokenizer_request(body.model, len(body.prompt), "prompt", "characters", settings, engines)
-    ids = await tokenize_text(engines.tokenizer, body.prompt, body.add_special_tokens)
+    param = "prompt" if body.prompt is not None else "messages"
+    _check_tokenizer_request(body.model, body.size(), param, "characters", settings, engines)
+    if body.messages is not None:
+        ids = await chat_prompt_from_messages(engines, body.messages, settings.max_tokenize_chars,
+                                              add_generation_prompt=body.add_generation_prompt)
+    else:
+        ids = await tokenize_text(engines.tokenizer, body.prompt or "", body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
 
 

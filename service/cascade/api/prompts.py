@@ -136,7 +136,8 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
     return messages
 
 
-async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int) -> list[int]:
+async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int, *,
+                                    add_generation_prompt: bool = True) -> list[int]:
     """Render messages with the model's chat template, then tokenise (refused first when the
     messages alone cannot fit in ``max_len`` tokens)."""
     if not getattr(engines.tokenizer, "chat_template", None):
@@ -145,7 +146,8 @@ async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessa
     messages = _template_messages(engines.tokenizer, chat)
     check_fits(sum(len(m["content"]) for m in messages), max_len, engines.tokenizer, "messages")
     try:
-        text = engines.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = engines.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                       add_generation_prompt=add_generation_prompt)
     except Exception as exc:
         raise APIError(400, f"messages could not be rendered with the model's chat template: {exc}",
                        param="messages") from None
