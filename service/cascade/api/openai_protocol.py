@@ -305,7 +305,7 @@ class TokenizeRequest(StrictModel):
         """Characters to tokenise (``max_tokenize_chars``)."""
         if self.prompt is not None:
             return len(self.prompt)
-        return sum(len(m.text() or "") for m in self.messages or [])
+        return sum(len(m.text()) for m in self.messages or [])
 
 
 class DetokenizeRequest(StrictModel):
