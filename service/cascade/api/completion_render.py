@@ -246,9 +246,9 @@ def _earliest_stop(text: str, before: int, stops: Sequence[str]) -> tuple[int, i
     best: tuple[int, int] | None = None
     for stop in stops:
         at = text.find(stop, max(0, before + 1 - len(stop)))
-        if at != -1 and (best is None or at + len(stop) < best[0]):
-            best = (at + len(stop), at)
-    return None if best is None else (best[1], best[0])
+        if at != -1 and (best is None or at + len(stop) < best[1]):
+            best = (at, at + len(stop))
+    return best
 
 
 def _text_steps(tokenizer: Any, prompt: Sequence[int]) -> Callable[[int], str]:
