@@ -55,7 +55,8 @@ class FastTokenizer:
         return [self._tok.id_to_token(i) or "" for i in ids]
 
     def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False,
-                            add_generation_prompt: bool = True) -> str:
+                            **options: Any) -> str:
+        self.template_options = options
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
 
 

@@ -82,8 +82,48 @@ class StreamOptions(StrictModel):
     none, so either value streams the same chunks (the SDK sends the field when a caller sets it)."""
 
 
+class StructuredOutputs(StrictModel):
+    """vLLM's ``structured_outputs`` extension: exactly one constraint on what may be sampled."""
+
+    json_: Annotated[dict[str, Any] | str | None, Field(alias="json")] = None
+    regex: Annotated[str, Field(min_length=1)] | None = None
+    choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    grammar: Annotated[str, Field(min_length=1)] | None = None
+    json_object: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, "json_" if name == "json" else name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar or json_object"
+                             + (f", not {' and '.join(given)}" if given else ""))
+        if self.json_object is False:
+            raise ValueError("json_object must be true when given")
+        return self
+
+
+class JsonSchema(StrictModel):
+    """OpenAI's ``response_format.json_schema``: a named schema, ``strict`` or not."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(default_factory=dict)
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
 class SamplingFields(StrictModel):
-    """Sampling parameters shared by completions and chat completions."""
+    """Sampling parameters shared by completions and chat completions (OpenAI's, and vLLM's extensions
+    that change only what is sampled or how its text is rendered)."""
 
     model: str
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -106,6 +146,12 @@ class SamplingFields(StrictModel):
     allowed_token_ids: Annotated[list[int], Field(min_length=1)] | None = None
     bad_words: list[str] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    """Keep only the prompt's last this-many tokens (vLLM's; −1: as many as the context holds)."""
 
     def stop_sequences(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings (OpenAI takes one string or a list)."""
@@ -245,29 +291,15 @@ class ChatMessage(StrictModel):
                        for part in self.content if isinstance(part, TextPart | RefusalPart))
 
 
-class JsonSchema(StrictModel):
-    """OpenAI's ``response_format.json_schema``: a named schema, ``strict`` or not."""
-
-    name: Annotated[str, Field(min_length=1, max_length=64)]
-    description: str | None = None
-    schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(default_factory=dict)
-    strict: bool | None = None
-
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-
-
-class ResponseFormat(StrictModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchema | None = None
-
-
 class ChatCompletionRequest(SamplingFields, PredictionFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
-    response_format: ResponseFormat | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
@@ -292,6 +324,8 @@ class TokenizeRequest(StrictModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = False
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -299,6 +333,8 @@ class TokenizeRequest(StrictModel):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         if self.messages is not None and self.add_special_tokens:
             raise ValueError("add_special_tokens applies to a prompt; the chat template places a chat's own")
+        if self.messages is None and (self.continue_final_message or self.chat_template_kwargs is not None):
+            raise ValueError("continue_final_message and chat_template_kwargs apply to messages")
         return self
 
     def size(self) -> int:

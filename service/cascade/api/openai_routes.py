@@ -39,7 +39,7 @@ from cascade.api.openai_protocol import (
     TokenizeRequest,
 )
 from cascade.api.predictions import PredictionUsage, predicted
-from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, echo_texts
+from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, echo_texts, text_bound, truncated
 from cascade.api.sampling import (
     check_min_tokens,
     check_model,
@@ -50,7 +50,7 @@ from cascade.api.sampling import (
     unsupported_fields,
 )
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_data, until_disconnect
-from cascade.api.structured import response_grammar
+from cascade.api.structured import output_constraint
 from cascade.api.topk_export import export_completion
 from cascade.codec.pipeline import CodecPipeline
 from cascade.codec.sampling_codec import SamplingEncoder
@@ -260,7 +260,9 @@ async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_setti
     _check_tokenizer_request(body.model, body.size(), param, "characters", settings, engines)
     if body.messages is not None:
         ids = await chat_prompt_from_messages(engines, body.messages, settings.max_tokenize_chars,
-                                              add_generation_prompt=body.add_generation_prompt)
+                                              add_generation_prompt=body.add_generation_prompt,
+                                              continue_final_message=body.continue_final_message,
+                                              template_kwargs=body.chat_template_kwargs)
     else:
         ids = await tokenize_text(engines.tokenizer, body.prompt or "", body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
@@ -285,7 +287,11 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     unsupported_fields(body)
     check_words(body, settings)
     engines.check_ready()
-    prompts = await completion_prompts(engines, body.prompt, settings.max_model_len, settings.max_prompts)
+    keep = body.truncate_prompt_tokens
+    sent = await completion_prompts(engines, body.prompt,
+                                    text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
+                                    settings.max_prompts)
+    prompts = truncated(sent, keep, settings.max_model_len)
     if body.compression:
         return await export_completion(request, body, prompts, settings, engines, metrics)
     score_only = body.echo and body.max_tokens == 0
@@ -307,7 +313,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
         async def sample_and_code(codec: CodecPipeline) -> JSONResponse | StreamingResponse:
             max_tokens = resolve_max_tokens(body.max_tokens, len(prompts[0]), settings, "max_tokens")
             sampling = generation_request(body, max_tokens=max_tokens, logprobs=None, settings=settings,
-                                          vocab_size=vocab, stream=stream)
+                                          vocab_size=vocab, stream=stream, constraint=output_constraint(body))
             encoder = SamplingEncoder(codec, prompts[0], codec_field.top_k, codec_field.precision_bits)
             return await _respond(request, Plan("completion", prompts, sampling, stream, include_usage, None,
                                                 codec=encoder), settings, engines, metrics)
@@ -315,11 +321,13 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
         return await codec_completion(request, body, prompts, settings, sample_and_code)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                                   vocab_size=vocab, stream=stream, prediction=prediction,
+                                  constraint=output_constraint(body),
                                   prompt_logprobs=body.logprobs if body.echo else None)
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
-                echo=echo_texts(body.prompt, prompts, engines.tokenizer) if body.echo else None,
+                echo=echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer)
+                if body.echo else None,
                 score_only=score_only)
     return await _respond(request, plan, settings, engines, metrics)
 
@@ -333,7 +341,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     unsupported_fields(body)
     check_words(body, settings)
     engines.check_ready()
-    prompt = await chat_prompt_from_messages(engines, body.messages, settings.max_model_len)
+    keep = body.truncate_prompt_tokens
+    rendered = await chat_prompt_from_messages(
+        engines, body.messages, text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
+        add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
+        template_kwargs=body.chat_template_kwargs)
+    [prompt] = truncated([rendered], keep, settings.max_model_len)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param,
                                     prompt_param="messages")
@@ -344,7 +357,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     prediction = await predicted(body, engines, settings)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=top, settings=settings,
                                   vocab_size=len(engines.tokenizer), stream=stream, prediction=prediction,
-                                  grammar=response_grammar(body))
+                                  constraint=output_constraint(body))
     plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None)

@@ -48,6 +48,23 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
     return out
 
 
+def truncated(prompts: list[list[int]], keep: int | None, max_model_len: int) -> list[list[int]]:
+    """vLLM's ``truncate_prompt_tokens``: each prompt's last ``keep`` tokens (−1: the whole context)."""
+    if keep is None:
+        return prompts
+    if keep == 0 or keep > max_model_len:
+        raise APIError(400, f"truncate_prompt_tokens must be -1 or 1..{max_model_len} (the context length), "
+                            f"got {keep}", param="truncate_prompt_tokens", code="invalid_value")
+    limit = max_model_len if keep == -1 else keep
+    return [p[-limit:] for p in prompts]
+
+
+def text_bound(keep: int | None, max_model_len: int, max_tokenize_chars: int) -> int:
+    """The most tokens prompt text may need before it is tokenised: the context, or when it is to be
+    truncated, what the tokenizer endpoint accepts (``max_tokenize_chars``)."""
+    return max_model_len if keep is None else max(max_model_len, max_tokenize_chars)
+
+
 def echo_texts(value: str | list[Any], prompts: list[list[int]], tokenizer: Any) -> list[str]:
     """What ``echo`` puts before each prompt's completions: the prompt text as sent, token ids decoded."""
     items = [value] if isinstance(value, str) or all(isinstance(v, int) for v in value) else value
@@ -136,18 +153,47 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
     return messages
 
 
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""``apply_chat_template``'s own parameters: set by the request's fields, never through ``chat_template_kwargs``."""
+
+
+def _template_options(chat: list[ChatMessage], add_generation_prompt: bool, continue_final_message: bool,
+                      template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    if continue_final_message:
+        if add_generation_prompt:
+            raise APIError(400, "continue_final_message continues the last assistant message, so it needs "
+                                "add_generation_prompt false", param="continue_final_message", code="invalid_value")
+        if chat[-1].role != "assistant":
+            raise APIError(400, "continue_final_message needs an assistant message last",
+                           param="continue_final_message", code="invalid_value")
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs or {}))
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: "
+                            + ("use the request field of that name" if reserved[0] in
+                               ("add_generation_prompt", "continue_final_message", "tools")
+                               else "the service sets it"),
+                       param=f"chat_template_kwargs.{reserved[0]}", code="invalid_value")
+    return {**(template_kwargs or {}), "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message}
+
+
 async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int, *,
-                                    add_generation_prompt: bool = True) -> list[int]:
+                                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Render messages with the model's chat template, then tokenise (refused first when the
-    messages alone cannot fit in ``max_len`` tokens)."""
+    messages alone cannot fit in ``max_len`` tokens). ``template_kwargs`` (vLLM's
+    ``chat_template_kwargs``) reach the template as variables, e.g. a template's ``enable_thinking``."""
     if not getattr(engines.tokenizer, "chat_template", None):
         raise APIError(400, "this model has no chat template, so chat messages cannot be rendered; use "
                             "/v1/completions with a prompt", param="messages", code="no_chat_template")
+    options = _template_options(chat, add_generation_prompt, continue_final_message, template_kwargs)
     messages = _template_messages(engines.tokenizer, chat)
     check_fits(sum(len(m["content"]) for m in messages), max_len, engines.tokenizer, "messages")
     try:
-        text = engines.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                       add_generation_prompt=add_generation_prompt)
+        text = engines.tokenizer.apply_chat_template(messages, tokenize=False, **options)
     except Exception as exc:
         raise APIError(400, f"messages could not be rendered with the model's chat template: {exc}",
                        param="messages") from None

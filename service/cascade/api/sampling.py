@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from cascade.engine.types import GenerationRequest, Prediction
+from cascade.engine.types import Constraint, GenerationRequest, Prediction
 from cascade.settings import Settings
 
 
@@ -113,7 +113,8 @@ def check_min_tokens(min_tokens: int, max_tokens: int) -> None:
 
 def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: int | None, settings: Settings,
                        vocab_size: int, stream: bool, prediction: Prediction | None = None,
-                       grammar: str | None = None, prompt_logprobs: int | None = None) -> GenerationRequest:
+                       constraint: Constraint | None = None, prompt_logprobs: int | None = None
+                       ) -> GenerationRequest:
     """What to ask the engine for; every range the models check was checked already, these are the
     rules that need the request as a whole or the service's limits."""
     if request.n > settings.max_n:
@@ -137,7 +138,9 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         bad_words=None if request.bad_words is None else tuple(request.bad_words),
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty, grammar=grammar, prediction=prediction,
+        repetition_penalty=request.repetition_penalty, constraint=constraint,
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens, prediction=prediction,
         prompt_logprobs=prompt_logprobs)
 
 

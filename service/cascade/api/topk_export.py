@@ -38,6 +38,7 @@ STREAM_BATCH = 64
 _REFUSED = {
     "prediction": "prediction", "codec": "codec", "logprobs": "logprobs", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty", "stop": "stop",
+    "response_format": "response_format", "structured_outputs": "structured_outputs",
 }
 
 

@@ -71,7 +71,10 @@ def sampling_params(request: GenerationRequest, vocab_size: int) -> SamplingPara
         "bad_words": None if request.bad_words is None else list(request.bad_words),
         "output_kind": RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         "extra_args": _extra_args(request),
-        "structured_outputs": None if request.grammar is None else StructuredOutputsParams(grammar=request.grammar),
+        "structured_outputs": None if (c := request.constraint) is None else StructuredOutputsParams(
+            grammar=c.grammar, regex=c.regex, choice=None if c.choice is None else list(c.choice)),
+        "skip_special_tokens": request.skip_special_tokens,
+        "spaces_between_special_tokens": request.spaces_between_special_tokens,
         "prompt_logprobs": None if exporting else request.prompt_logprobs,
     }
     optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,

@@ -35,6 +35,15 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """What sampled text must match: one of a grammar (EBNF), a regular expression or a choice of strings."""
+
+    grammar: str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What to sample, in Cascade's terms; ranges were checked by the API models already."""
 
@@ -58,7 +67,9 @@ class GenerationRequest:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    grammar: str | None = None
+    constraint: Constraint | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     prediction: Prediction | None = None
     export_top_k: int | None = None
     prompt_logprobs: int | None = None

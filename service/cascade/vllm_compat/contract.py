@@ -68,10 +68,11 @@ CHECKS: tuple[Check, ...] = (
     Check("SamplingParams", "fields", ("extra_args", "prompt_logprobs", "flat_logprobs", "skip_reading_prefix_cache",
                                        "detokenize", "output_kind", "structured_outputs", "logprobs", "top_k",
                                        "top_p", "min_p", "temperature", "logit_bias", "allowed_token_ids",
-                                       "max_tokens", "stop_token_ids")),
+                                       "max_tokens", "stop_token_ids", "skip_special_tokens",
+                                       "spaces_between_special_tokens")),
     Check("SamplingParams", "attrs", ("bad_words_token_ids",)),
     Check("RequestOutputKind", "attrs", ("DELTA", "FINAL_ONLY")),
-    Check("StructuredOutputsParams", "fields", ("grammar",)),  # api/structured.py
+    Check("StructuredOutputsParams", "fields", ("grammar", "regex", "choice")),  # api/structured.py
     Check("AsyncEngineArgs", "fields", ("worker_extension_cls", "per_request_spec_decode_metrics",
                                         "kv_cache_memory_bytes", "speculative_config", "max_logprobs",
                                         "additional_config")),

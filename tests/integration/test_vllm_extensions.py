@@ -1,0 +1,92 @@
+"""vLLM's request extensions through the SDK's ``extra_body``, as a client of vLLM's own server sends
+them, against the real engine: the answer is what vLLM's server would give."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.integration.conftest import MODEL
+
+CODE_PROMPT = "import os\n\ndef "
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_structured_outputs_choice_and_regex_constrain_the_completion(openai_client, stream: bool) -> None:
+    def text(extra: dict[str, object]) -> str:
+        out = openai_client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=12, temperature=0,
+                                               stream=stream, extra_body=extra)
+        return "".join(c.choices[0].text for c in out if c.choices) if stream else out.choices[0].text
+
+    assert text({"structured_outputs": {"choice": ["alpha", "beta"]}}) in ("alpha", "beta")
+    assert re.fullmatch(r"[0-9]{3}", text({"structured_outputs": {"regex": "[0-9]{3}"}}))
+
+
+def test_structured_outputs_json_schema_gives_a_compact_valid_document(openai_client) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    out = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x = "}], max_tokens=40, temperature=0,
+        extra_body={"structured_outputs": {"json": schema}})
+    content = out.choices[0].message.content
+    assert out.choices[0].finish_reason == "stop", content
+    assert isinstance(json.loads(content)["a"], int) and " " not in content
+
+
+def test_a_regex_the_engine_cannot_compile_is_a_400(service) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4,
+                                                 "structured_outputs": {"regex": "[0-9"}})
+    assert r.status_code == 400 and "regex" in r.json()["error"]["message"], r.text
+
+
+def test_skip_special_tokens_false_keeps_special_tokens_in_the_text(service) -> None:
+    with service.client() as client:
+        special = client.post("/v1/detokenize", json={"model": MODEL, "tokens": [2]}).json()["prompt"]
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+                "allowed_token_ids": [2]}
+        kept = client.post("/v1/completions", json={**body, "skip_special_tokens": False}).json()
+        skipped = client.post("/v1/completions", json=body).json()
+    assert special.startswith("<") and kept["choices"][0]["text"] == special * 3, kept
+    assert skipped["choices"][0]["text"] == "", skipped
+
+
+def test_truncate_prompt_tokens_answers_as_the_prompts_last_tokens_alone(openai_client, service) -> None:
+    long_prompt = "# padding line\n" * 40 + CODE_PROMPT
+    with service.client() as client:
+        ids = client.post("/v1/tokenize", json={"model": MODEL, "prompt": long_prompt}).json()["tokens"]
+    truncated = openai_client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=12, temperature=0,
+                                                 extra_body={"truncate_prompt_tokens": 6})
+    tail = openai_client.completions.create(model=MODEL, prompt=ids[-6:], max_tokens=12, temperature=0)
+    assert truncated.usage.prompt_tokens == 6
+    assert truncated.choices[0].text == tail.choices[0].text
+
+
+def test_continue_final_message_continues_the_assistants_text(openai_client, service) -> None:
+    """The reply continues a started assistant turn: the prompt is the chat rendered up to that text
+    (no end of turn after it), as ``/tokenize`` with the same options shows."""
+    messages = [{"role": "user", "content": "write a function"}, {"role": "assistant", "content": "def add("}]
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    out = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                extra_body=options)
+    with service.client() as client:
+        ids = client.post("/v1/tokenize", json={"model": MODEL, "messages": messages, **options}).json()["tokens"]
+        rendered = client.post("/v1/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"]
+    assert rendered.endswith("def add(")
+    assert out.usage.prompt_tokens == len(ids)
+    plain = openai_client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert out.choices[0].message.content == plain.choices[0].text
+
+
+def test_chat_template_kwargs_reach_the_template_and_unused_ones_change_nothing(openai_client) -> None:
+    messages = [{"role": "user", "content": "write a function"}]
+    plain = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)
+    with_kwargs = openai_client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    no_generation_prompt = openai_client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body={"add_generation_prompt": False})
+    assert with_kwargs.choices[0].message.content == plain.choices[0].message.content
+    assert no_generation_prompt.usage.prompt_tokens < plain.usage.prompt_tokens

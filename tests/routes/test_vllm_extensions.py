@@ -1,0 +1,149 @@
+"""vLLM's request extensions a client of vLLM's server sends (``extra_body``): each reaches the engine as
+vLLM would pass it, and a wrong use is a 400 naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.routes.conftest import FakeService
+
+MODEL = "pycoder-23m"
+CHAT = [{"role": "user", "content": "x"}]
+
+
+def _post(service: FakeService, path: str, body: dict[str, Any]) -> Any:
+    with service.client() as client:
+        return client.post(path, json={"model": MODEL, "max_tokens": 2, **body})
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(("wanted", "expected"), [
+    ({"choice": ["yes", "no"]}, {"choice": ("yes", "no")}),
+    ({"regex": "[0-9]{3}"}, {"regex": "[0-9]{3}"}),
+    ({"grammar": 'root ::= "a"'}, {"grammar": 'root ::= "a"'}),
+])
+def test_structured_outputs_reach_the_engine_as_one_constraint(service: FakeService, path: str,
+                                                               wanted: dict[str, Any],
+                                                               expected: dict[str, Any]) -> None:
+    body = {"structured_outputs": wanted, **({"messages": CHAT} if "chat" in path else {"prompt": "x"})}
+    r = _post(service, path, body)
+    assert r.status_code == 200, r.text
+    constraint = service.engines.requests[-1][1].constraint
+    assert constraint is not None
+    assert {k: v for k, v in vars(constraint).items() if v is not None} == expected
+
+
+@pytest.mark.parametrize("wanted", [{"json": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+                                    {"json": '{"type": "object"}'}, {"json_object": True}])
+def test_structured_json_becomes_a_compact_json_grammar(service: FakeService, wanted: dict[str, Any]) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "structured_outputs": wanted})
+    assert r.status_code == 200, r.text
+    constraint = service.engines.requests[-1][1].constraint
+    assert constraint is not None and constraint.grammar and "root" in constraint.grammar
+
+
+def test_response_format_is_taken_on_completions_too(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}})
+    assert r.status_code == 200, r.text
+    constraint = service.engines.requests[-1][1].constraint
+    assert constraint is not None and constraint.grammar
+
+
+@pytest.mark.parametrize(("wanted", "words"), [
+    ({}, "exactly one"), ({"regex": "a", "choice": ["b"]}, "not regex and choice"),
+    ({"json_object": False}, "must be true"), ({"choice": []}, "at least 1"), ({"whitespace_pattern": " "}, "Extra"),
+])
+def test_structured_outputs_other_than_one_constraint_are_a_400(service: FakeService, wanted: dict[str, Any],
+                                                                 words: str) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "structured_outputs": wanted})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"].startswith("structured_outputs"), r.text
+    assert words in error["message"], error
+
+
+def test_response_format_and_structured_outputs_together_are_a_400(service: FakeService) -> None:
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"},
+                                                "structured_outputs": {"regex": "a"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+
+
+def test_an_unusable_structured_json_schema_names_structured_outputs_json(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "structured_outputs": {"json": {"type": "nonsense"}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs.json", r.text
+
+
+def test_special_token_rendering_options_reach_the_engine(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "skip_special_tokens": False,
+                                           "spaces_between_special_tokens": False})
+    assert r.status_code == 200, r.text
+    request = service.engines.requests[-1][1]
+    assert (request.skip_special_tokens, request.spaces_between_special_tokens) == (False, False)
+    _post(service, "/v1/completions", {"prompt": "x"})
+    request = service.engines.requests[-1][1]
+    assert (request.skip_special_tokens, request.spaces_between_special_tokens) == (True, True)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(service: FakeService) -> None:
+    ids = list(range(10, 40))
+    r = _post(service, "/v1/completions", {"prompt": ids, "truncate_prompt_tokens": 5})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 5, r.text
+    assert service.engines.requests[-1][0] == ids[-5:]
+
+
+def test_truncate_prompt_tokens_lets_a_prompt_longer_than_the_context_in(service: FakeService) -> None:
+    settings = service.gateway.settings
+    text = "word " * (settings.max_model_len * 2)
+    r = _post(service, "/v1/completions", {"prompt": text, "truncate_prompt_tokens": 100})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 100, r.text
+    untruncated = _post(service, "/v1/completions", {"prompt": text})
+    assert untruncated.status_code == 400 and untruncated.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_truncate_prompt_tokens_keeps_a_chats_last_tokens(service: FakeService) -> None:
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "truncate_prompt_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 2, r.text
+
+
+def test_echo_of_a_truncated_prompt_shows_what_was_kept(service: FakeService) -> None:
+    tokenizer = service.engines.tokenizer
+    ids = tokenizer.encode("alpha beta gamma delta")
+    r = _post(service, "/v1/completions", {"prompt": "alpha beta gamma delta", "truncate_prompt_tokens": 2,
+                                           "echo": True})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(tokenizer.decode(ids[-2:])), r.text
+
+
+@pytest.mark.parametrize("keep", [0, 10**6, -2])
+def test_truncate_prompt_tokens_outside_its_range_is_a_400(service: FakeService, keep: int) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "truncate_prompt_tokens": keep})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+
+
+def test_chat_template_options_reach_the_template(service: FakeService) -> None:
+    messages = [*CHAT, {"role": "assistant", "content": "def f("}]
+    r = _post(service, "/v1/chat/completions", {"messages": messages, "add_generation_prompt": False,
+                                                "continue_final_message": True,
+                                                "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200, r.text
+    assert service.engines.tokenizer.template_options == {  # type: ignore[attr-defined]
+        "enable_thinking": False, "add_generation_prompt": False, "continue_final_message": True}
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"continue_final_message": True, "add_generation_prompt": False}, "continue_final_message"),
+    ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs.add_generation_prompt"),
+])
+def test_chat_template_options_that_cannot_apply_are_a_400_naming_them(service: FakeService, body: dict[str, Any],
+                                                                        param: str) -> None:
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("field", ["response_format", "structured_outputs"])
+def test_a_compression_export_refuses_a_constraint_by_name(service: FakeService, field: str) -> None:
+    value = {"type": "json_object"} if field == "response_format" else {"regex": "a"}
+    r = _post(service, "/v1/completions", {"prompt": "x y", "compression": True, "max_tokens": 0, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
