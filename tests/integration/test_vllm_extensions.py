@@ -90,3 +90,37 @@ def test_chat_template_kwargs_reach_the_template_and_unused_ones_change_nothing(
         model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body={"add_generation_prompt": False})
     assert with_kwargs.choices[0].message.content == plain.choices[0].message.content
     assert no_generation_prompt.usage.prompt_tokens < plain.usage.prompt_tokens
+
+
+def test_prompt_logprobs_agree_with_the_echoed_prompts_logprobs(openai_client) -> None:
+    out = openai_client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=2, temperature=0, echo=True,
+                                           logprobs=1, extra_body={"prompt_logprobs": 2, "return_token_ids": True})
+    choice = out.choices[0].model_dump()
+    scores, ids = choice["prompt_logprobs"], choice["prompt_token_ids"]
+    assert scores[0] is None and len(scores) == len(ids)
+    echoed = choice["logprobs"]["token_logprobs"][1:len(ids)]
+    assert [scores[i][str(t)]["logprob"] for i, t in enumerate(ids) if i] == pytest.approx(echoed)
+    for position in scores[1:]:
+        assert {entry["rank"] for entry in position.values()} >= {1, 2}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_token_ids_are_the_prompts_and_the_texts_tokens(openai_client, service, stream: bool) -> None:
+    out = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "write a function"}], max_tokens=10, temperature=0,
+        stream=stream, extra_body={"return_token_ids": True})
+    if stream:
+        chunks = [c.model_dump() for c in out]
+        prompt_ids = [c["prompt_token_ids"] for c in chunks if c.get("prompt_token_ids")]
+        ids = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or []]
+        text = "".join(choice["delta"]["content"] or "" for c in chunks for choice in c["choices"])
+        assert len(prompt_ids) == 1
+        prompt = prompt_ids[0]
+    else:
+        body = out.model_dump()
+        prompt, ids, text = body["prompt_token_ids"], body["choices"][0]["token_ids"], out.choices[0].message.content
+    with service.client() as client:
+        rendered = client.post("/v1/tokenize", json={"model": MODEL, "messages": [
+            {"role": "user", "content": "write a function"}]}).json()["tokens"]
+        decoded = client.post("/v1/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"]
+    assert prompt == rendered and len(ids) == 10 and decoded == text

@@ -180,8 +180,8 @@ class FakeEngines:
         return Generation(tuple(completions), last, min(len(prompt), 16) if cached else None, prompt_logprobs)
 
     def _logprobs(self, token: int, top_n: int) -> TokenLogprobs:
-        chosen = Candidate(token, self.tokenizer.decode([token]), math.log(0.5))
-        others = [Candidate(t, self.tokenizer.decode([t]), math.log(0.25 / (i + 1)))
+        chosen = Candidate(token, self.tokenizer.decode([token]), math.log(0.5), 1)
+        others = [Candidate(t, self.tokenizer.decode([t]), math.log(0.25 / (i + 1)), i + 2)
                   for i, t in enumerate(t for t in range(2, 2 + top_n + 1) if t != token)][:top_n]
         ranked = sorted([chosen, *others], key=lambda c: -c.logprob)
-        return TokenLogprobs(token, chosen.token, chosen.logprob, tuple(ranked))
+        return TokenLogprobs(token, chosen.token, chosen.logprob, tuple(ranked), 1)

@@ -3,6 +3,7 @@ vLLM would pass it, and a wrong use is a 400 naming the field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -147,3 +148,60 @@ def test_a_compression_export_refuses_a_constraint_by_name(service: FakeService,
     value = {"type": "json_object"} if field == "response_format" else {"regex": "a"}
     r = _post(service, "/v1/completions", {"prompt": "x y", "compression": True, "max_tokens": 0, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids(service: FakeService) -> None:
+    ids = [5, 6, 7, 8]
+    body = _post(service, "/v1/completions", {"prompt": ids, "n": 2, "temperature": 1.0,
+                                              "return_token_ids": True}).json()
+    for choice in body["choices"]:
+        assert choice["prompt_token_ids"] == ids
+        assert len(choice["token_ids"]) == 2
+        assert service.engines.tokenizer.decode(choice["token_ids"]) == choice["text"]
+    plain = _post(service, "/v1/completions", {"prompt": ids}).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+
+def test_return_token_ids_on_chat_puts_the_prompt_ids_at_the_top(service: FakeService) -> None:
+    body = _post(service, "/v1/chat/completions", {"messages": CHAT, "return_token_ids": True}).json()
+    assert body["prompt_token_ids"] == service.engines.requests[-1][0]
+    assert len(body["choices"][0]["token_ids"]) == 2
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streamed_token_ids_join_to_the_choices_ids_and_the_prompt_comes_once(service: FakeService,
+                                                                              path: str) -> None:
+    body = {"max_tokens": 4, "stream": True, "return_token_ids": True,
+            **({"messages": CHAT} if "chat" in path else {"prompt": [5, 6, 7]})}
+    with service.client() as client, client.stream("POST", path, json={"model": MODEL, **body}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    ids = [t for c in chunks for choice in c["choices"] for t in choice["token_ids"]]
+    prompts = [c.get("prompt_token_ids") or choice.get("prompt_token_ids") for c in chunks for choice in c["choices"]]
+    assert len(ids) == 4
+    assert [p for p in prompts if p] == [service.engines.requests[-1][0]]
+
+
+def test_prompt_logprobs_give_each_prompt_tokens_logprob_rank_and_alternatives(service: FakeService) -> None:
+    ids = [5, 6, 7]
+    body = _post(service, "/v1/completions", {"prompt": ids, "prompt_logprobs": 2}).json()
+    scores = body["choices"][0]["prompt_logprobs"]
+    assert scores[0] is None and len(scores) == len(ids)
+    for token, position in zip(ids[1:], scores[1:], strict=True):
+        assert str(token) in position and len(position) == 2
+        assert {"logprob", "rank", "decoded_token"} == set(position[str(token)])
+        assert sorted(entry["rank"] for entry in position.values()) == [1, 2]
+    chat = _post(service, "/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 0}).json()
+    assert chat["prompt_logprobs"][0] is None and all(len(p) == 1 for p in chat["prompt_logprobs"][1:])
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ({"prompt_logprobs": 10**6}, "prompt_logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ({"prompt_logprobs": 1, "compression": True, "max_tokens": 0}, "prompt_logprobs"),
+    ({"return_token_ids": True, "compression": True, "max_tokens": 0}, "return_token_ids"),
+])
+def test_prompt_extras_that_cannot_apply_are_a_400_naming_them(service: FakeService, body: dict[str, Any],
+                                                               param: str) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x y", **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

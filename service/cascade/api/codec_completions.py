@@ -49,6 +49,9 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     if body.prediction is not None or body.n != 1 or len(prompts) != 1 or body.logprobs is not None:
         raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec",
                        code="codec_unsupported_request")
+    if body.prompt_logprobs is not None:
+        raise APIError(400, "codec cannot be combined with prompt_logprobs", param="prompt_logprobs",
+                       code="codec_unsupported_request")
     for field in ("skip_special_tokens", "spaces_between_special_tokens"):
         if not getattr(body, field):
             raise APIError(400, f"codec replays render text as the engine does by default, so {field} must be "
@@ -109,7 +112,7 @@ def _replayed(request: Request, body: CompletionRequest, prompt: list[int], ids:
     rid = request_id(request)
     created = int(time.time())
     text, finish = _sampled_text(request, body, prompt, ids, codec)
-    choice = choice_body("completion", 0, text, None, finish, chunk=stream)
+    choice = choice_body("completion", 0, text, None, finish, chunk=stream) | _token_ids(body, prompt, ids)
     counts = usage(len(prompt), len(ids))
     if not stream:
         reply = envelope("completion", rid, settings.model_name, chunk=False, created=created)
@@ -147,12 +150,18 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
         weighted_escapes=False))
     text, finish = _sampled_text(request, request_body, prompt, ids, codec)
     body = envelope("completion", rid, settings.model_name, chunk=False, created=int(time.time()))
-    body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)]
+    body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)
+                       | _token_ids(request_body, prompt, ids)]
     body["usage"] = usage(len(prompt), len(ids))
     body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,
                      "precision_bits": codec_field.precision_bits, "numerics": codec.numerics,
                      "data": base64.b64encode(payload).decode(), "check": replay_check(codec, prompt, ids)}
     return JSONResponse(body)
+
+
+def _token_ids(body: CompletionRequest, prompt: list[int], ids: list[int]) -> dict[str, list[int]]:
+    """vLLM's ``return_token_ids`` on a choice whose tokens the codec produced."""
+    return {"prompt_token_ids": prompt, "token_ids": ids} if body.return_token_ids else {}
 
 
 def _sampled_text(request: Request, body: CompletionRequest, prompt: list[int], ids: list[int],

@@ -22,6 +22,7 @@ class Choice:
 
     text: str = ""
     tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     characters: list[int] = field(default_factory=list)
     finish_reason: str | None = None
@@ -30,6 +31,7 @@ class Choice:
     def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None) -> None:
         self.text += delta.text
         self.tokens += len(delta.token_ids)
+        self.token_ids += delta.token_ids
         self.logprobs += logprob_entries(delta, top_n, kind, table)
         if self.counter is None:
             self.counter = TokenCharacters(table)
@@ -121,6 +123,22 @@ def prompt_entries(prompt: Sequence[int], text: str, positions: Sequence[TokenLo
         at += len(piece) if shown else 0
     characters[-1] += len(text) - at
     return entries, characters
+
+
+def prompt_logprobs_body(prompt: Sequence[int], positions: Sequence[TokenLogprobs], top_n: int
+                         ) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: ``None`` for the first token (nothing predicts it), then per token
+    ``{token id: {logprob, rank, decoded_token}}`` for the ``top_n`` best and the prompt's own token."""
+    body: list[dict[str, dict[str, Any]] | None] = [None] if prompt else []
+    for position in positions:
+        best = sorted((c for c in position.candidates if c.rank is not None and c.rank <= top_n),
+                      key=lambda c: c.rank or 0)
+        shown = {position.token_id: (position.logprob, position.rank, position.token)}
+        for c in best:
+            shown.setdefault(c.token_id, (c.logprob, c.rank, c.token))
+        body.append({str(t): {"logprob": max(lp, LOGPROB_FLOOR), "rank": rank, "decoded_token": token}
+                     for t, (lp, rank, token) in shown.items()})
+    return body
 
 
 class TokenCharacters:

@@ -152,6 +152,10 @@ class SamplingFields(StrictModel):
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
     """Keep only the prompt's last this-many tokens (vLLM's; −1: as many as the context holds)."""
+    prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
+    """Each prompt token's log-probability and this many alternatives (vLLM's; not streamed)."""
+    return_token_ids: bool = False
+    """The prompt's and each choice's token ids beside the text (vLLM's)."""
 
     def stop_sequences(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings (OpenAI takes one string or a list)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from cascade.api.completion_render import (
     envelope,
     logprob_entries,
     prompt_entries,
+    prompt_logprobs_body,
     render_logprobs,
     stream_flags,
     usage,
@@ -88,12 +89,19 @@ class Plan:
     echo_logprobs: dict[int, tuple[list[dict[str, Any]], list[int]]] = field(default_factory=dict)
     score_only: bool = False
     """``echo`` with ``max_tokens`` 0: the engine samples one token for the prompt's scores; none is shown."""
+    prompt_logprobs: int | None = None
+    """vLLM's ``prompt_logprobs``: alternatives shown per prompt token (set when asked for)."""
+    prompt_scores: dict[int, list[dict[str, dict[str, Any]] | None]] = field(default_factory=dict)
+    return_token_ids: bool = False
 
     def observe(self, prompt_index: int, output: Generation) -> None:
         """Remember how many prompt tokens the engine's prefix cache served (reported per prompt), and
         an echoed prompt's log-probabilities (they come with its first output)."""
         if output.cached_tokens is not None:
             self.cached_tokens[prompt_index] = output.cached_tokens
+        if output.prompt_logprobs is not None and self.prompt_logprobs is not None:
+            self.prompt_scores[prompt_index] = prompt_logprobs_body(self.prompts[prompt_index], output.prompt_logprobs,
+                                                                    self.prompt_logprobs)
         if output.prompt_logprobs is not None and self.top_logprobs is not None and self.echo and self.tokens:
             self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], self.echo[prompt_index],
                                                               output.prompt_logprobs, self.top_logprobs, self.tokens)
@@ -119,6 +127,24 @@ class Plan:
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return usage(prompt_tokens, completion_tokens, sum(self.cached_tokens.values()), self.predictions)
+
+    def prompt_fields(self, index: int, first: bool) -> dict[str, Any]:
+        """vLLM's prompt extras: a completion choice carries its prompt's, a chat reply carries them at the
+        top (``index`` is a choice's; a stream sends them with a choice's first chunk)."""
+        prompt_index = index // self.request.n
+        extras: dict[str, Any] = {}
+        if first and self.return_token_ids:
+            extras["prompt_token_ids"] = self.prompts[prompt_index]
+        if first and self.prompt_logprobs is not None:
+            extras["prompt_logprobs"] = self.prompt_scores.get(prompt_index)
+        return extras
+
+    def choice_fields(self, index: int, token_ids: Sequence[int], first: bool) -> dict[str, Any]:
+        """What vLLM adds to a completion choice or chat choice (``return_token_ids``, ``prompt_logprobs``)."""
+        extras = self.prompt_fields(index, first) if self.kind == "completion" else {}
+        if self.return_token_ids:
+            extras["token_ids"] = list(token_ids)
+        return extras
 
 
 def _engine_streams(engines: EngineManager, plan: Plan, rid: str) -> list[AsyncIterator[Generation]]:
@@ -166,7 +192,10 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
                     render_logprobs(plan.kind, choices[index].logprobs, 0, choices[index].characters)
                     if plan.top_logprobs is not None else None,
                     choices[index].finish_reason, chunk=False)
+        | plan.choice_fields(index, choices[index].token_ids, first=True)
         for index in sorted(choices)]
+    if plan.kind == "chat":
+        body |= plan.prompt_fields(0, first=True)
     body["usage"] = plan.usage(prompt_tokens, completion_tokens)
     if plan.codec is not None:
         await until_disconnect(request, plan.codec.finish)
@@ -202,8 +231,12 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
                 # by tokens' characters, not the chunk's text: a chunk may hold none of its token's characters
                 text_offsets[index] = text_offsets.get(index, 0) + sum(characters)
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True, created=created)
+            first_chunk = index not in announced
             chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,
-                                            first=index not in announced)]
+                                            first=first_chunk)
+                                | plan.choice_fields(index, delta.token_ids, first_chunk)]
+            if plan.kind == "chat":
+                chunk |= plan.prompt_fields(index, first_chunk)
             announced.add(index)
             if plan.codec is not None:
                 codec_chunks: list[str] = []
@@ -319,16 +352,17 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                                                 codec=encoder), settings, engines, metrics)
 
         return await codec_completion(request, body, prompts, settings, sample_and_code)
+    echo_scores = body.logprobs if body.echo else None
+    scores = max((k for k in (echo_scores, body.prompt_logprobs) if k is not None), default=None)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                                   vocab_size=vocab, stream=stream, prediction=prediction,
-                                  constraint=output_constraint(body),
-                                  prompt_logprobs=body.logprobs if body.echo else None)
+                                  constraint=output_constraint(body), prompt_logprobs=scores)
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
                 echo=echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer)
                 if body.echo else None,
-                score_only=score_only)
+                score_only=score_only, prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids)
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -357,10 +391,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     prediction = await predicted(body, engines, settings)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=top, settings=settings,
                                   vocab_size=len(engines.tokenizer), stream=stream, prediction=prediction,
-                                  constraint=output_constraint(body))
+                                  constraint=output_constraint(body), prompt_logprobs=body.prompt_logprobs)
     plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
-                tokens=get_gateway(request).token_table() if top is not None else None)
+                tokens=get_gateway(request).token_table() if top is not None else None,
+                prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids)
     return await _respond(request, plan, settings, engines, metrics)
 
 

@@ -126,6 +126,11 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
     if any(not word.lstrip() for word in request.bad_words or []):
         raise APIError(400, "bad_words entries must contain a non-whitespace character", param="bad_words",
                        code="invalid_value")
+    if request.prompt_logprobs is not None:
+        if request.stream:
+            raise APIError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+        if request.prompt_logprobs > settings.max_top_logprobs:
+            raise APIError(400, f"prompt_logprobs may be at most {settings.max_top_logprobs}", param="prompt_logprobs")
     if logprobs is not None and logprobs > settings.max_top_logprobs:
         field = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
         raise APIError(400, f"{field} may be at most {settings.max_top_logprobs}", param=field)

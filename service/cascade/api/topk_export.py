@@ -39,6 +39,7 @@ _REFUSED = {
     "prediction": "prediction", "codec": "codec", "logprobs": "logprobs", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty", "stop": "stop",
     "response_format": "response_format", "structured_outputs": "structured_outputs",
+    "prompt_logprobs": "prompt_logprobs",
 }
 
 
@@ -51,6 +52,9 @@ def validate_export(body: CompletionRequest, settings: Settings) -> int:
     for field, param in _REFUSED.items():
         if getattr(body, field) is not None:
             raise APIError(400, f"{param} cannot be combined with compression", param=param)
+    if body.return_token_ids:
+        raise APIError(400, "return_token_ids cannot be combined with compression (each position names its "
+                            "token_id)", param="return_token_ids")
     if body.min_tokens:
         raise APIError(400, "min_tokens cannot be combined with compression", param="min_tokens")
     if body.temperature is not None and body.temperature < MIN_TEMPERATURE:

@@ -19,7 +19,8 @@ def _token_logprobs(token_ids: Sequence[int], logprobs: Sequence[Any] | None) ->
         chosen = position[token_id]
         ranked = sorted(position.items(), key=lambda item: -item[1].logprob)
         entries.append(TokenLogprobs(token_id, chosen.decoded_token or "", chosen.logprob,
-                                     tuple(Candidate(t, lp.decoded_token or "", lp.logprob) for t, lp in ranked)))
+                                     tuple(Candidate(t, lp.decoded_token or "", lp.logprob, lp.rank)
+                                           for t, lp in ranked), chosen.rank))
     return tuple(entries)
 
 

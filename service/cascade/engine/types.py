@@ -83,6 +83,8 @@ class Candidate:
     token_id: int
     token: str
     logprob: float
+    rank: int | None = None
+    """Its rank in the whole vocabulary (1: the most likely), as the engine reports it."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class TokenLogprobs:
     token: str
     logprob: float
     candidates: tuple[Candidate, ...]
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
