@@ -78,9 +78,10 @@ def test_chat_stream_sends_role_then_content_then_usage(openai_client) -> None:
 
 def test_stop_sequence_ends_generation_with_stop_reason(openai_client) -> None:
     out = openai_client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=40, temperature=0,
-                                           stop=["\n"])
+                                           stop=["zzz", "\n"])
     assert out.choices[0].text == "utf8_survival(s):"
     assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].model_extra["stop_reason"] == "\n"  # vLLM's: which stop sequence ended it
 
 
 @pytest.mark.parametrize("stream", [False, True])

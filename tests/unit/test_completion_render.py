@@ -41,7 +41,8 @@ def test_candidates_a_constraint_ruled_out_get_openais_floor_not_infinity(kind: 
 
 def render(tokenizer: object, ids: list[int], stops: list[str] | None = None, ignore_eos: bool = False,
            min_tokens: int = 0, prompt: list[int] | None = None) -> tuple[str, str]:
-    return sampled_text(prompt or [], ids, stops or [], ignore_eos, min_tokens, {EOS}, tokenizer)
+    text, finish, _ = sampled_text(prompt or [], ids, stops or [], ignore_eos, min_tokens, {EOS}, tokenizer)
+    return text, finish
 
 
 def ids_of(tokenizer: object, text: str) -> list[int]:
@@ -62,8 +63,8 @@ def test_a_stop_token_id_ends_the_text_without_itself_even_under_ignore_eos(toke
     x, newline = ids_of(tokenizer, "x"), ids_of(tokenizer, "\n")[-1]
     for ignore_eos in (False, True):
         got = sampled_text([], [*x, newline, *x], [], ignore_eos, 0, {EOS}, tokenizer, stop_token_ids={newline})
-        assert got == ("x", "stop")
-    assert sampled_text([], [*x, newline], [], False, 0, {EOS}, tokenizer) == ("x\n", "length")
+        assert got == ("x", "stop", newline)
+    assert sampled_text([], [*x, newline], [], False, 0, {EOS}, tokenizer) == ("x\n", "length", None)
 
 
 def test_a_stop_sequence_the_last_token_completes_is_cut_off(tokenizer: object) -> None:
@@ -74,8 +75,9 @@ def test_a_stop_sequence_the_last_token_completes_is_cut_off(tokenizer: object) 
 
 def test_with_include_stop_str_in_output_the_text_ends_where_the_stop_sequence_ends(tokenizer: object) -> None:
     ids = ids_of(tokenizer, "import sys\nimport os")
-    assert sampled_text([], ids, ["sys"], False, 0, {EOS}, tokenizer, keep_stop=True) == ("import sys", "stop")
-    assert sampled_text([], ids, ["s\ni"], False, 0, {EOS}, tokenizer, keep_stop=True) == ("import sys\ni", "stop")
+    assert sampled_text([], ids, ["sys"], False, 0, {EOS}, tokenizer, keep_stop=True) == ("import sys", "stop", "sys")
+    assert sampled_text([], ids, ["s\ni"], False, 0, {EOS}, tokenizer, keep_stop=True) \
+        == ("import sys\ni", "stop", "s\ni")
 
 
 def test_no_stop_sequence_is_searched_for_within_min_tokens(tokenizer: object) -> None:
@@ -176,3 +178,10 @@ def test_a_generated_character_split_over_tokens_is_offset_as_an_echoed_one_is()
     assert offsets == [0, 1, 2, 3, 3]
     assert sum(counts) == sum(len(text) for _, text in spelled)
     assert TokenCharacters(None).count(CompletionDelta(0, "", (1,), None, logprobs=(positions[1],)), 0) == [0]
+
+
+def test_the_stop_reason_names_the_stop_sequence_that_ended_the_text_and_none_for_the_end_token(
+        tokenizer: object) -> None:
+    ids = ids_of(tokenizer, "import sys\nimport os")
+    assert sampled_text([], ids, ["os", "\n"], False, 0, {EOS}, tokenizer).stop_reason == "\n"
+    assert sampled_text([], [*ids, EOS], [], False, 0, {EOS}, tokenizer).stop_reason is None

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from cascade.api.completion_render import choice_body, envelope, sampled_text, stream_flags, usage
+from cascade.api.completion_render import Sampled, choice_body, envelope, sampled_text, stream_flags, usage
 from cascade.api.deps import get_gateway, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CompletionRequest
@@ -111,8 +111,9 @@ def _replayed(request: Request, body: CompletionRequest, prompt: list[int], ids:
     rendered them when they were sampled (``sampled_text``)."""
     rid = request_id(request)
     created = int(time.time())
-    text, finish = _sampled_text(request, body, prompt, ids, codec)
-    choice = choice_body("completion", 0, text, None, finish, chunk=stream) | _token_ids(body, prompt, ids)
+    sampled = _sampled_text(request, body, prompt, ids, codec)
+    choice = choice_body("completion", 0, sampled.text, None, sampled.finish_reason, chunk=stream,
+                         stop_reason=sampled.stop_reason) | _token_ids(body, prompt, ids)
     counts = usage(len(prompt), len(ids))
     if not stream:
         reply = envelope("completion", rid, settings.model_name, chunk=False, created=created)
@@ -148,9 +149,10 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
         prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True,
         weighted_escapes=False))
-    text, finish = _sampled_text(request, request_body, prompt, ids, codec)
+    sampled = _sampled_text(request, request_body, prompt, ids, codec)
     body = envelope("completion", rid, settings.model_name, chunk=False, created=int(time.time()))
-    body["choices"] = [choice_body("completion", 0, text, None, finish, chunk=False)
+    body["choices"] = [choice_body("completion", 0, sampled.text, None, sampled.finish_reason, chunk=False,
+                                   stop_reason=sampled.stop_reason)
                        | _token_ids(request_body, prompt, ids)]
     body["usage"] = usage(len(prompt), len(ids))
     body["codec"] = {"mode": "encode", "tokens": len(ids), "top_k": codec_field.top_k,
@@ -165,8 +167,8 @@ def _token_ids(body: CompletionRequest, prompt: list[int], ids: list[int]) -> di
 
 
 def _sampled_text(request: Request, body: CompletionRequest, prompt: list[int], ids: list[int],
-                  codec: CodecPipeline) -> tuple[str, str]:
-    """The text and finish reason of ``ids`` under this request's stop rules, as the engine gave them."""
+                  codec: CodecPipeline) -> Sampled:
+    """The text, finish and stop reason of ``ids`` under this request's stop rules, as the engine gave them."""
     return sampled_text(prompt, ids, body.stop_sequences(), body.ignore_eos, body.min_tokens,
                         get_gateway(request).engines.eos_token_ids, codec.tokenizer, body.stop_token_ids or (),
                         keep_stop=body.include_stop_str_in_output)

@@ -6,7 +6,7 @@ import codecs
 import itertools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from cascade.api.openai_protocol import SamplingFields
 from cascade.api.predictions import PredictionUsage
@@ -26,6 +26,7 @@ class Choice:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     characters: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
     counter: TokenCharacters | None = None
 
     def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None) -> None:
@@ -36,7 +37,8 @@ class Choice:
         if self.counter is None:
             self.counter = TokenCharacters(table)
         self.characters += self.counter.count(delta, top_n)
-        self.finish_reason = delta.finish_reason or self.finish_reason
+        if delta.finish_reason is not None:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
 
 
 LOGPROB_FLOOR = -9999.0
@@ -204,17 +206,18 @@ def envelope(kind: Kind, rid: str, model: str, chunk: bool, created: int) -> dic
 
 
 def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,
-                *, chunk: bool, first: bool = False) -> dict[str, Any]:
-    """One choice: a chat message or delta (``first`` delta carries the role), or a completion's text."""
+                *, chunk: bool, first: bool = False, stop_reason: int | str | None = None) -> dict[str, Any]:
+    """One choice: a chat message or delta (``first`` delta carries the role), or a completion's text.
+    ``stop_reason`` is vLLM's: the stop sequence or stop token id that ended it, else null."""
+    ending = {"finish_reason": finish_reason, "stop_reason": stop_reason}
     if kind == "completion":
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, **ending}
     if chunk:
         delta: dict[str, Any] = {"content": text}
         if first:
             delta["role"] = "assistant"
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-            "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, **ending}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, **ending}
 
 
 def continuous_usage(request: SamplingFields) -> bool:
@@ -230,9 +233,16 @@ def stream_flags(request: SamplingFields) -> tuple[bool, bool]:
     return request.stream, include_usage
 
 
+class Sampled(NamedTuple):
+    text: str
+    finish_reason: str
+    stop_reason: int | str | None = None
+    """vLLM's: the stop sequence or stop token id that ended the text (``None`` for an end-of-sequence token)."""
+
+
 def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str], ignore_eos: bool,
                  min_tokens: int, eos_ids: Collection[int], tokenizer: Any,
-                 stop_token_ids: Collection[int] = (), keep_stop: bool = False) -> tuple[str, str]:
+                 stop_token_ids: Collection[int] = (), keep_stop: bool = False) -> Sampled:
     """The text and finish reason the engine gave when it sampled ``ids`` after ``prompt`` — what a
     replay (the codec's decode mode) must show. It repeats vLLM's output processor token by token:
     incremental detokenization after the prompt with special tokens skipped (an incomplete UTF-8
@@ -247,25 +257,28 @@ def sampled_text(prompt: Sequence[int], ids: Sequence[int], stops: Sequence[str]
     step = _text_steps(tokenizer, prompt)
     text = ""
     for n, token in enumerate(ids, start=1):
-        if (not ignore_eos and token in eos_ids) or token in stop_token_ids:
-            return text, "stop"
+        if not ignore_eos and token in eos_ids:
+            return Sampled(text, "stop")
+        if token in stop_token_ids:
+            return Sampled(text, "stop", token)
         before = len(text)
         text += step(token)
         if stops and n > min_tokens and len(text) > before:
             found = _earliest_stop(text, before, stops)
             if found is not None:
-                return text[:found[1] if keep_stop else found[0]], "stop"
-    return text, "length"
+                start, end, stop = found
+                return Sampled(text[:end if keep_stop else start], "stop", stop)
+    return Sampled(text, "length")
 
 
-def _earliest_stop(text: str, before: int, stops: Sequence[str]) -> tuple[int, int] | None:
-    """Where the stop sequence that a step completed first starts and ends (``before``: the text's length
-    before the step)."""
-    best: tuple[int, int] | None = None
+def _earliest_stop(text: str, before: int, stops: Sequence[str]) -> tuple[int, int, str] | None:
+    """Where the stop sequence that a step completed first starts and ends, and which it is (``before``: the
+    text's length before the step)."""
+    best: tuple[int, int, str] | None = None
     for stop in stops:
         at = text.find(stop, max(0, before + 1 - len(stop)))
         if at != -1 and (best is None or at + len(stop) < best[1]):
-            best = (at, at + len(stop))
+            best = (at, at + len(stop), stop)
     return best
 
 

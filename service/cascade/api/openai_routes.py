@@ -191,7 +191,7 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
         choice_body(plan.kind, index, choices[index].text,
                     render_logprobs(plan.kind, choices[index].logprobs, 0, choices[index].characters)
                     if plan.top_logprobs is not None else None,
-                    choices[index].finish_reason, chunk=False)
+                    choices[index].finish_reason, chunk=False, stop_reason=choices[index].stop_reason)
         | plan.choice_fields(index, choices[index].token_ids, first=True)
         for index in sorted(choices)]
     if plan.kind == "chat":
@@ -233,7 +233,7 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             chunk = envelope(plan.kind, rid, settings.model_name, chunk=True, created=created)
             first_chunk = index not in announced
             chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,
-                                            first=first_chunk)
+                                            first=first_chunk, stop_reason=delta.stop_reason)
                                 | plan.choice_fields(index, delta.token_ids, first_chunk)]
             if plan.kind == "chat":
                 chunk |= plan.prompt_fields(index, first_chunk)

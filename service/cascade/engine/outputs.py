@@ -37,7 +37,8 @@ def generation(output: Any) -> Generation:
     """One ``RequestOutput`` as a ``Generation``."""
     completions = tuple(
         CompletionDelta(index=c.index, text=c.text, token_ids=tuple(c.token_ids), finish_reason=c.finish_reason,
-                        logprobs=_token_logprobs(c.token_ids, c.logprobs), prediction=_prediction_counts(c))
+                        logprobs=_token_logprobs(c.token_ids, c.logprobs), prediction=_prediction_counts(c),
+                        stop_reason=c.stop_reason if c.finish_reason is not None else None)
         for c in output.outputs)
     prompt = getattr(output, "prompt_logprobs", None)
     prompt_logprobs = None

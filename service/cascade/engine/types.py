@@ -117,6 +117,8 @@ class CompletionDelta:
     finish_reason: str | None
     logprobs: tuple[TokenLogprobs, ...] | None = None
     prediction: PredictionCounts | None = None
+    stop_reason: int | str | None = None
+    """The stop sequence or stop token id that finished it (``None``: an end-of-sequence token, or length)."""
 
 
 @dataclass(frozen=True)

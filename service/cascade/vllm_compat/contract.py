@@ -82,7 +82,8 @@ CHECKS: tuple[Check, ...] = (
     Check("AsyncLLM", "assigns", ("output_handler",)),  # engine_stop cancels it before shutdown
     Check("RequestOutput", "fields", ("prompt_logprobs", "prompt_token_ids", "num_cached_tokens", "outputs",
                                       "finished")),
-    Check("CompletionOutput", "fields", ("spec_decode_metrics", "token_ids", "logprobs", "finish_reason")),
+    Check("CompletionOutput", "fields", ("spec_decode_metrics", "token_ids", "logprobs", "finish_reason",
+                                         "stop_reason")),
     Check("RequestSpecDecodeMetrics", "fields", ("histogram", "num_draft_tokens")),
     Check("FlatLogprobs", "fields", ("start_indices", "end_indices", "token_ids", "logprobs", "ranks")),
 )
