@@ -457,3 +457,18 @@ def test_an_unknown_model_is_a_404_typed_as_openai_types_it(service: FakeService
     with pytest.raises(openai.NotFoundError) as caught:
         _sdk(service).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=3)
     assert caught.value.body == {**caught.value.body, "type": "invalid_request_error", "code": "model_not_found"}  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_number_is_a_400_saying_so(service: FakeService, value: str) -> None:
+    with service.client() as client:
+        r = client.post("/v1/completions", content=f'{{"model": "{MODEL}", "prompt": "x", "temperature": {value}}}',
+                        headers={"content-type": "application/json"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "temperature" and "finite" in error["message"], r.text
+
+
+def test_models_with_a_trailing_slash_is_the_list(service: FakeService) -> None:
+    with service.client() as client:
+        listed, slashed = client.get("/v1/models").json(), client.get("/v1/models/").json()
+    assert slashed == listed and slashed["data"][0]["id"] == MODEL

@@ -50,9 +50,10 @@ class StrictModel(BaseModel):
     """Rejects unknown fields (a typo must not silently change what the user asked for), values of
     the wrong JSON type (``"5"``, ``true`` or ``1e2`` for an integer, ``"yes"`` for a boolean: a 400
     as OpenAI answers, not a guess; an integer still reads as a number) and text that is not valid
-    Unicode (a 400 naming the field, not a 500 deep in the tokenizer)."""
+    Unicode (a 400 naming the field, not a 500 deep in the tokenizer). ``NaN`` and ``Infinity``, which
+    Python's JSON reader accepts, are not numbers a parameter can take: "must be a finite number"."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

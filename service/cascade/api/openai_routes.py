@@ -269,7 +269,10 @@ async def list_models(settings: Settings = Depends(get_settings),
 @router.get("/models/{model:path}")
 async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
                          engines: EngineManager = Depends(get_engines)) -> dict[str, Any]:
-    """The SDK's ``models.retrieve``; an id this service does not serve is OpenAI's 404."""
+    """The SDK's ``models.retrieve``; an id this service does not serve is OpenAI's 404. ``/models/``
+    (no id: a trailing slash) is the list."""
+    if not model:
+        return await list_models(settings, engines)
     check_model(model, settings)
     return _model_card(settings, engines)
 
