@@ -4,6 +4,7 @@ vLLM would pass it, and a wrong use is a 400 naming the field."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -205,3 +206,47 @@ def test_prompt_extras_that_cannot_apply_are_a_400_naming_them(service: FakeServ
                                                                param: str) -> None:
     r = _post(service, "/v1/completions", {"prompt": "x y", **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.fixture
+def bos_tokenizer(service: FakeService) -> Iterator[int]:
+    """The fake's tokenizer as a model's that adds a BOS to text (Llama's), for one test."""
+    from tokenizers.processors import TemplateProcessing
+
+    backend = service.engines.tokenizer._tok  # type: ignore[attr-defined]
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    try:
+        yield bos
+    finally:
+        backend.post_processor = None
+
+
+def test_a_text_prompt_gets_the_tokenizers_bos_as_in_vllm_unless_asked_not_to(service: FakeService,
+                                                                               bos_tokenizer: int) -> None:
+    _post(service, "/v1/completions", {"prompt": "x = 1"})
+    assert service.engines.requests[-1][0][0] == bos_tokenizer
+    _post(service, "/v1/completions", {"prompt": "x = 1", "add_special_tokens": False})
+    assert service.engines.requests[-1][0][0] != bos_tokenizer
+    _post(service, "/v1/completions", {"prompt": [7, 8, 9]})
+    assert service.engines.requests[-1][0] == [7, 8, 9]
+    _post(service, "/v1/chat/completions", {"messages": CHAT})
+    assert service.engines.requests[-1][0][0] != bos_tokenizer
+    _post(service, "/v1/chat/completions", {"messages": CHAT, "add_special_tokens": True})
+    assert service.engines.requests[-1][0][0] == bos_tokenizer
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_puts_the_last_assistant_message_before_the_reply(service: FakeService, stream: bool) -> None:
+    messages = [*CHAT, {"role": "assistant", "content": "def f("}]
+    body = {"model": MODEL, "max_tokens": 2, "messages": messages, "echo": True, "add_generation_prompt": False,
+            "continue_final_message": True, "stream": stream}
+    with service.client() as client:
+        if stream:
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            content = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+        else:
+            content = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        plain = client.post("/v1/chat/completions", json={**body, "echo": False, "stream": False}).json()
+    assert content == "def f(" + plain["choices"][0]["message"]["content"]

@@ -220,6 +220,9 @@ class CodecField(StrictModel):
 
 class CompletionRequest(SamplingFields, PredictionFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    add_special_tokens: bool | None = None
+    """vLLM's: what the tokenizer adds to a text prompt (a BOS, for models that take one). Unset, it is
+    true as in vLLM, except on a codec request, which tokenises as releases before it did (false)."""
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
     logprobs: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
@@ -305,6 +308,10 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False
+    """vLLM's: special tokens the tokenizer adds on top of what the chat template writes."""
+    echo: bool = False
+    """vLLM's: a last assistant message is put before the reply's content (with continue_final_message)."""
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
@@ -336,8 +343,6 @@ class TokenizeRequest(StrictModel):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
-        if self.messages is not None and self.add_special_tokens:
-            raise ValueError("add_special_tokens applies to a prompt; the chat template places a chat's own")
         if self.messages is None and (self.continue_final_message or self.chat_template_kwargs is not None):
             raise ValueError("continue_final_message and chat_template_kwargs apply to messages")
         return self

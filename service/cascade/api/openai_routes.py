@@ -85,7 +85,8 @@ class Plan:
     tokens: TokenTable | None = None
     """Spells the tokens of logprobs (set when they were asked for)."""
     echo: list[str] | None = None
-    """Each prompt's text, put before its completions (a completion's ``echo``)."""
+    """Each prompt's text, put before its completions (a completion's ``echo``), or a chat's last
+    assistant message, put before the reply (vLLM's chat ``echo``)."""
     echo_logprobs: dict[int, tuple[list[dict[str, Any]], list[int]]] = field(default_factory=dict)
     score_only: bool = False
     """``echo`` with ``max_tokens`` 0: the engine samples one token for the prompt's scores; none is shown."""
@@ -102,7 +103,8 @@ class Plan:
         if output.prompt_logprobs is not None and self.prompt_logprobs is not None:
             self.prompt_scores[prompt_index] = prompt_logprobs_body(self.prompts[prompt_index], output.prompt_logprobs,
                                                                     self.prompt_logprobs)
-        if output.prompt_logprobs is not None and self.top_logprobs is not None and self.echo and self.tokens:
+        if (self.kind == "completion" and output.prompt_logprobs is not None and self.top_logprobs is not None
+                and self.echo and self.tokens):
             self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], self.echo[prompt_index],
                                                               output.prompt_logprobs, self.top_logprobs, self.tokens)
 
@@ -298,7 +300,8 @@ async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_setti
         ids = await chat_prompt_from_messages(engines, body.messages, settings.max_tokenize_chars,
                                               add_generation_prompt=body.add_generation_prompt,
                                               continue_final_message=body.continue_final_message,
-                                              template_kwargs=body.chat_template_kwargs)
+                                              template_kwargs=body.chat_template_kwargs,
+                                              add_special_tokens=body.add_special_tokens)
     else:
         ids = await tokenize_text(engines.tokenizer, body.prompt or "", body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
@@ -324,9 +327,10 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     check_words(body, settings)
     engines.check_ready()
     keep = body.truncate_prompt_tokens
+    add_special_tokens = body.add_special_tokens if body.add_special_tokens is not None else body.codec is None
     sent = await completion_prompts(engines, body.prompt,
                                     text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
-                                    settings.max_prompts)
+                                    settings.max_prompts, add_special_tokens)
     prompts = truncated(sent, keep, settings.max_model_len)
     if body.compression:
         return await export_completion(request, body, prompts, settings, engines, metrics)
@@ -382,7 +386,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     rendered = await chat_prompt_from_messages(
         engines, body.messages, text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
         add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
-        template_kwargs=body.chat_template_kwargs)
+        template_kwargs=body.chat_template_kwargs, add_special_tokens=body.add_special_tokens)
     [prompt] = truncated([rendered], keep, settings.max_model_len)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param,
@@ -398,7 +402,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,
-                prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids)
+                prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
+                echo=[body.messages[-1].text()] if body.echo and body.messages[-1].role == "assistant" else None)
     return await _respond(request, plan, settings, engines, metrics)
 
 

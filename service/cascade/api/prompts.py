@@ -23,18 +23,19 @@ def _prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
     return ids
 
 
-async def _text_ids(engines: EngineManager, text: str, max_len: int) -> list[int]:
+async def _text_ids(engines: EngineManager, text: str, max_len: int, add_special_tokens: bool) -> list[int]:
     check_fits(len(text), max_len, engines.tokenizer, "prompt")
-    return _prompt_ids(await tokenize_text(engines.tokenizer, text), len(engines.tokenizer))
+    return _prompt_ids(await tokenize_text(engines.tokenizer, text, add_special_tokens), len(engines.tokenizer))
 
 
 async def completion_prompts(engines: EngineManager, value: str | list[Any], max_len: int,
-                             max_prompts: int) -> list[list[int]]:
+                             max_prompts: int, add_special_tokens: bool = False) -> list[list[int]]:
     """Every accepted prompt form (text, texts, ids, lists of ids) as token id lists; text that cannot
-    fit in ``max_len`` tokens is refused before it is tokenised."""
+    fit in ``max_len`` tokens is refused before it is tokenised. ``add_special_tokens`` adds what the
+    tokenizer adds to a text (a BOS, for models that take one); ids are taken as they are."""
     vocab = len(engines.tokenizer)
     if isinstance(value, str):
-        return [await _text_ids(engines, value, max_len)]
+        return [await _text_ids(engines, value, max_len, add_special_tokens)]
     if not value:
         raise APIError(400, "prompt must not be empty", param="prompt")
     if all(isinstance(v, int) for v in value):
@@ -43,7 +44,7 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
         raise APIError(400, f"at most {max_prompts} prompts per request (max_prompts)", param="prompt")
     out = []
     for item in value:
-        out.append(await _text_ids(engines, item, max_len) if isinstance(item, str)
+        out.append(await _text_ids(engines, item, max_len, add_special_tokens) if isinstance(item, str)
                    else _prompt_ids(list(item), vocab))
     return out
 
@@ -182,7 +183,8 @@ def _template_options(chat: list[ChatMessage], add_generation_prompt: bool, cont
 
 async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int, *,
                                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                                    template_kwargs: dict[str, Any] | None = None,
+                                    add_special_tokens: bool = False) -> list[int]:
     """Render messages with the model's chat template, then tokenise (refused first when the
     messages alone cannot fit in ``max_len`` tokens). ``template_kwargs`` (vLLM's
     ``chat_template_kwargs``) reach the template as variables, e.g. a template's ``enable_thinking``."""
@@ -197,4 +199,4 @@ async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessa
     except Exception as exc:
         raise APIError(400, f"messages could not be rendered with the model's chat template: {exc}",
                        param="messages") from None
-    return _prompt_ids(await tokenize_text(engines.tokenizer, str(text)), len(engines.tokenizer))
+    return _prompt_ids(await tokenize_text(engines.tokenizer, str(text), add_special_tokens), len(engines.tokenizer))
