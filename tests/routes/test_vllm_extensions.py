@@ -250,3 +250,20 @@ def test_chat_echo_puts_the_last_assistant_message_before_the_reply(service: Fak
             content = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
         plain = client.post("/v1/chat/completions", json={**body, "echo": False, "stream": False}).json()
     assert content == "def f(" + plain["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_return_tokens_as_token_ids_names_every_logprob_token_by_its_id(service: FakeService, path: str) -> None:
+    chat = "chat" in path
+    body = {"return_tokens_as_token_ids": True, "return_token_ids": True,
+            **({"messages": CHAT, "logprobs": True, "top_logprobs": 2} if chat else {"prompt": "x", "logprobs": 2})}
+    reply = _post(service, path, body).json()
+    choice = reply["choices"][0]
+    if chat:
+        names = [entry["token"] for entry in choice["logprobs"]["content"]]
+        alternatives = [top["token"] for entry in choice["logprobs"]["content"] for top in entry["top_logprobs"]]
+    else:
+        names = choice["logprobs"]["tokens"]
+        alternatives = [key for top in choice["logprobs"]["top_logprobs"] for key in top]
+    assert names == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert alternatives and all(a.startswith("token_id:") for a in alternatives)

@@ -29,11 +29,12 @@ class Choice:
     stop_reason: int | str | None = None
     counter: TokenCharacters | None = None
 
-    def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None) -> None:
+    def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None,
+            as_ids: bool = False) -> None:
         self.text += delta.text
         self.tokens += len(delta.token_ids)
         self.token_ids += delta.token_ids
-        self.logprobs += logprob_entries(delta, top_n, kind, table)
+        self.logprobs += logprob_entries(delta, top_n, kind, table, as_ids)
         if self.counter is None:
             self.counter = TokenCharacters(table)
         self.characters += self.counter.count(delta, top_n)
@@ -54,7 +55,8 @@ def token_spelling(data: bytes) -> str:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
 
-def _top_entry(token_id: int, decoded: str, logprob: float, table: TokenTable | None) -> dict[str, Any]:
+def _top_entry(token_id: int, decoded: str, logprob: float, table: TokenTable | None,
+               as_ids: bool = False) -> dict[str, Any]:
     """A token and its log-probability; a token the request's grammar ruled out (−inf: vLLM applies the
     grammar's mask before it takes log-probabilities, ``allowed_token_ids`` after) shows as −9999.0,
     OpenAI's floor, because JSON has no infinity.
@@ -62,12 +64,15 @@ def _top_entry(token_id: int, decoded: str, logprob: float, table: TokenTable | 
     The engine's spelling is kept when it is the token's own whole text. A token holding part of a
     character is ``""`` to the engine when it starts the character and the whole character when it
     ends it; such a token is named by its own bytes (the token table's), so ``bytes`` joined over the
-    answer are its text and distinct tokens keep distinct names."""
+    answer are its text and distinct tokens keep distinct names. ``as_ids`` (vLLM's
+    ``return_tokens_as_token_ids``) names every token ``token_id:<id>`` instead."""
     own = table.data(token_id) if table is not None else b""
     if decoded and "\ufffd" not in decoded and (not own or _utf8(own)):
         token, data = decoded, decoded.encode("utf-8")
     else:
         token, data = token_spelling(own), own
+    if as_ids:
+        token = f"token_id:{token_id}"
     return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(data)}
 
 
@@ -79,29 +84,30 @@ def _utf8(data: bytes) -> bool:
     return True
 
 
-def _entry(position: TokenLogprobs, top_n: int, kind: Kind, table: TokenTable | None) -> dict[str, Any]:
+def _entry(position: TokenLogprobs, top_n: int, kind: Kind, table: TokenTable | None,
+           as_ids: bool = False) -> dict[str, Any]:
     """Chat's ``top_logprobs`` are the ``top_n`` best; completions' also hold the sampled token
     (OpenAI's legacy rule, so ``logprobs: 0`` still shows it)."""
     best = [c for c in position.candidates[:top_n] if kind == "chat" or c.token_id != position.token_id]
     if kind == "completion":
         chosen = next(c for c in position.candidates if c.token_id == position.token_id)
         best = sorted([*best, chosen], key=lambda c: -c.logprob)
-    entry = _top_entry(position.token_id, position.token, position.logprob, table)
-    entry["top_logprobs"] = [_top_entry(c.token_id, c.token, c.logprob, table) for c in best]
+    entry = _top_entry(position.token_id, position.token, position.logprob, table, as_ids)
+    entry["top_logprobs"] = [_top_entry(c.token_id, c.token, c.logprob, table, as_ids) for c in best]
     return entry
 
 
 def logprob_entries(delta: CompletionDelta, top_n: int | None, kind: Kind,
-                    table: TokenTable | None = None) -> list[dict[str, Any]]:
+                    table: TokenTable | None = None, as_ids: bool = False) -> list[dict[str, Any]]:
     """OpenAI per-token entries for a delta (none when logprobs were not asked for); ``table`` spells
     tokens the engine could not decode alone."""
     if top_n is None or delta.logprobs is None:
         return []
-    return [_entry(position, top_n, kind, table) for position in delta.logprobs]
+    return [_entry(position, top_n, kind, table, as_ids) for position in delta.logprobs]
 
 
 def prompt_entries(prompt: Sequence[int], text: str, positions: Sequence[TokenLogprobs], top_n: int,
-                   table: TokenTable) -> tuple[list[dict[str, Any]], list[int]]:
+                   table: TokenTable, as_ids: bool = False) -> tuple[list[dict[str, Any]], list[int]]:
     """An echoed prompt's logprob entries and their characters, as OpenAI's legacy completions give
     them: the first token has nothing to be predicted from, so its logprob and top_logprobs are null.
 
@@ -111,9 +117,9 @@ def prompt_entries(prompt: Sequence[int], text: str, positions: Sequence[TokenLo
     offsets index the returned text and their total is its length."""
     if not prompt:
         return [], []
-    first = _top_entry(prompt[0], "", 0.0, table)
+    first = _top_entry(prompt[0], "", 0.0, table, as_ids)
     first["logprob"], first["top_logprobs"] = None, None
-    entries = [first, *(_entry(position, top_n, "completion", table) for position in positions)]
+    entries = [first, *(_entry(position, top_n, "completion", table, as_ids) for position in positions)]
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     characters, at = [], 0
     for token in prompt:

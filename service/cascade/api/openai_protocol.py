@@ -157,6 +157,8 @@ class SamplingFields(StrictModel):
     """Each prompt token's log-probability and this many alternatives (vLLM's; not streamed)."""
     return_token_ids: bool = False
     """The prompt's and each choice's token ids beside the text (vLLM's)."""
+    return_tokens_as_token_ids: bool = False
+    """Log-probabilities name each token ``token_id:<id>`` (vLLM's), for tokens that are not text alone."""
 
     def stop_sequences(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings (OpenAI takes one string or a list)."""

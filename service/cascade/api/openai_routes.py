@@ -94,6 +94,8 @@ class Plan:
     """vLLM's ``prompt_logprobs``: alternatives shown per prompt token (set when asked for)."""
     prompt_scores: dict[int, list[dict[str, dict[str, Any]] | None]] = field(default_factory=dict)
     return_token_ids: bool = False
+    tokens_as_ids: bool = False
+    """vLLM's ``return_tokens_as_token_ids``: logprobs name tokens ``token_id:<id>``."""
 
     def observe(self, prompt_index: int, output: Generation) -> None:
         """Remember how many prompt tokens the engine's prefix cache served (reported per prompt), and
@@ -106,7 +108,8 @@ class Plan:
         if (self.kind == "completion" and output.prompt_logprobs is not None and self.top_logprobs is not None
                 and self.echo and self.tokens):
             self.echo_logprobs[prompt_index] = prompt_entries(self.prompts[prompt_index], self.echo[prompt_index],
-                                                              output.prompt_logprobs, self.top_logprobs, self.tokens)
+                                                              output.prompt_logprobs, self.top_logprobs, self.tokens,
+                                                              self.tokens_as_ids)
 
     def shown(self, delta: CompletionDelta) -> CompletionDelta:
         """What the client sees of a delta: nothing of it when only the prompt is scored."""
@@ -161,7 +164,7 @@ async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice
             index = prompt_index * plan.request.n + delta.index
             if index not in choices:
                 choices[index] = plan.echoed(prompt_index)
-            choices[index].add(delta, plan.top_logprobs, plan.kind, plan.tokens)
+            choices[index].add(delta, plan.top_logprobs, plan.kind, plan.tokens, plan.tokens_as_ids)
             plan.observe_delta(delta)
     return choices
 
@@ -226,7 +229,8 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             text = start.text + delta.text
             logprobs = None
             if plan.top_logprobs is not None:
-                entries = start.logprobs + logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens)
+                entries = start.logprobs + logprob_entries(delta, plan.top_logprobs, plan.kind, plan.tokens,
+                                                           plan.tokens_as_ids)
                 counter = counters.setdefault(index, TokenCharacters(plan.tokens))
                 characters = start.characters + counter.count(delta, plan.top_logprobs)
                 logprobs = render_logprobs(plan.kind, entries, text_offsets.get(index, 0), characters)
@@ -369,7 +373,8 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
                 echo=echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer)
                 if body.echo else None,
-                score_only=score_only, prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids)
+                score_only=score_only, prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
+                tokens_as_ids=body.return_tokens_as_token_ids)
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -403,6 +408,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,
                 prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
+                tokens_as_ids=body.return_tokens_as_token_ids,
                 echo=[body.messages[-1].text()] if body.echo and body.messages[-1].role == "assistant" else None)
     return await _respond(request, plan, settings, engines, metrics)
 
