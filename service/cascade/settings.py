@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         2048, ge=1, description="Largest beam_width × steps of one k-CBS search (the engine rows it evaluates)."
     )
     max_bad_words: int = Field(64, ge=0, description="Largest number of bad_words.")
+    max_schema_depth: int = Field(
+        64, ge=2, description="Deepest nesting of objects and arrays in a JSON schema to constrain output with "
+        "(response_format, structured_outputs.json): its grammar is compiled per request, in time that grows with "
+        "the cube of the depth."
+    )
     max_word_chars: int = Field(256, ge=1, description="Longest stop string or bad word, in characters.")
     max_tokenize_chars: int = Field(
         1 << 20, ge=1, description="Longest /v1/tokenize text in characters, and most /v1/detokenize ids "
@@ -258,6 +263,8 @@ LIMITS = [
      "400, param `compression_top_k`"),
     ("max_kcbs_rows", "k-CBS beam_width × steps (engine rows per search)", "400, param `steps`"),
     ("max_bad_words", "bad_words entries", "400, param `bad_words`"),
+    ("max_schema_depth", "nesting of a JSON schema (response_format, structured_outputs.json)",
+     "400, param naming the schema"),
     ("max_word_chars", "characters of one stop string or bad word", "400, param `stop` / `bad_words`"),
     ("max_tokenize_chars", "/v1/tokenize text (characters), /v1/detokenize tokens (ids)",
      "400, param `prompt` / `tokens`"),

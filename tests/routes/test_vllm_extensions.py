@@ -267,3 +267,22 @@ def test_return_tokens_as_token_ids_names_every_logprob_token_by_its_id(service:
         alternatives = [key for top in choice["logprobs"]["top_logprobs"] for key in top]
     assert names == [f"token_id:{t}" for t in choice["token_ids"]]
     assert alternatives and all(a.startswith("token_id:") for a in alternatives)
+
+
+@pytest.mark.parametrize("field", ["structured_outputs", "response_format"])
+def test_a_json_schema_nested_past_the_limit_is_a_400_before_any_compiling(service: FakeService, field: str) -> None:
+    depth = service.gateway.settings.max_schema_depth
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    value = ({"json": schema} if field == "structured_outputs"
+             else {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}})
+    r = _post(service, "/v1/completions", {"prompt": "x", field: value})
+    error = r.json()["error"]
+    assert r.status_code == 400 and "max_schema_depth" in error["message"] and error["param"].startswith(field), r.text
+
+
+def test_nesting_depth_counts_objects_and_arrays() -> None:
+    from cascade.api.structured import nesting_depth
+
+    assert nesting_depth("x") == 0 and nesting_depth({}) == 1 and nesting_depth({"a": [1, {"b": []}]}) == 4

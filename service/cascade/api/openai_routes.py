@@ -357,7 +357,8 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
         async def sample_and_code(codec: CodecPipeline) -> JSONResponse | StreamingResponse:
             max_tokens = resolve_max_tokens(body.max_tokens, len(prompts[0]), settings, "max_tokens")
             sampling = generation_request(body, max_tokens=max_tokens, logprobs=None, settings=settings,
-                                          vocab_size=vocab, stream=stream, constraint=output_constraint(body))
+                                          vocab_size=vocab, stream=stream,
+                                          constraint=await output_constraint(body, settings))
             encoder = SamplingEncoder(codec, prompts[0], codec_field.top_k, codec_field.precision_bits)
             return await _respond(request, Plan("completion", prompts, sampling, stream, include_usage, None,
                                                 codec=encoder), settings, engines, metrics)
@@ -367,7 +368,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     scores = max((k for k in (echo_scores, body.prompt_logprobs) if k is not None), default=None)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                                   vocab_size=vocab, stream=stream, prediction=prediction,
-                                  constraint=output_constraint(body), prompt_logprobs=scores)
+                                  constraint=await output_constraint(body, settings), prompt_logprobs=scores)
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
@@ -403,7 +404,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     prediction = await predicted(body, engines, settings)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=top, settings=settings,
                                   vocab_size=len(engines.tokenizer), stream=stream, prediction=prediction,
-                                  constraint=output_constraint(body), prompt_logprobs=body.prompt_logprobs)
+                                  constraint=await output_constraint(body, settings),
+                                  prompt_logprobs=body.prompt_logprobs)
     plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,

@@ -11,6 +11,7 @@ grammar without free whitespace gives the same constraint per request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import SamplingFields
 from cascade.engine.types import Constraint
+from cascade.settings import Settings
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -25,12 +27,23 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
-def compact_json_grammar(schema: dict[str, Any] | str, param: str = "response_format.json_schema.schema") -> str:
-    """EBNF for JSON documents valid under ``schema``, written as ``json.dumps(..., separators=(",", ":"))``."""
+def nesting_depth(value: object) -> int:
+    """How deeply JSON objects and arrays nest in ``value`` (a scalar: 0). Iterative: any depth is safe."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _compile(text: str, param: str) -> str:
     import xgrammar
 
     try:
-        text = schema if isinstance(schema, str) else json.dumps(schema)
         grammar = xgrammar.Grammar.from_json_schema(text, any_whitespace=False, separators=(",", ":"))
     except Exception as exc:
         reason = _XGRAMMAR_LOCATION.sub("", str(exc)).strip()  # "[14:06:30] /project/cpp/…cc:4944: " is not the user's
@@ -39,31 +52,50 @@ def compact_json_grammar(schema: dict[str, Any] | str, param: str = "response_fo
     return str(grammar)
 
 
-def _response_format_grammar(request: SamplingFields) -> str | None:
+async def compact_json_grammar(schema: dict[str, Any] | str, max_depth: int,
+                               param: str = "response_format.json_schema.schema") -> str:
+    """EBNF for JSON documents valid under ``schema``, written as ``json.dumps(..., separators=(",", ":"))``.
+
+    Compiled in a worker thread (xgrammar releases the GIL) and only for a schema nested at most
+    ``max_depth`` deep: compile time grows with the cube of the depth (400 levels took 8.8 s of a core)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError):
+            raise APIError(400, f"{param} is not valid JSON", param=param, code="invalid_value") from None
+    depth = nesting_depth(schema)
+    if depth > max_depth:
+        raise APIError(400, f"{param} nests {depth} levels deep; at most {max_depth} are allowed (max_schema_depth)",
+                       param=param, code="invalid_value")
+    return await asyncio.to_thread(_compile, json.dumps(schema), param)
+
+
+async def _response_format_grammar(request: SamplingFields, max_depth: int) -> str | None:
     """``json_object`` constrains the reply to a JSON object, ``json_schema`` to the schema
     (always enforced, ``strict`` or not); ``text`` or no format leaves sampling free."""
     response_format = request.response_format
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
-        return compact_json_grammar(ANY_OBJECT)
+        return await compact_json_grammar(ANY_OBJECT, max_depth)
     if response_format.json_schema is None:
         raise APIError(400, "response_format type 'json_schema' needs a json_schema", param="response_format")
-    return compact_json_grammar(response_format.json_schema.schema_)
+    return await compact_json_grammar(response_format.json_schema.schema_, max_depth)
 
 
-def output_constraint(request: SamplingFields) -> Constraint | None:
+async def output_constraint(request: SamplingFields, settings: Settings) -> Constraint | None:
     """What sampling must obey: ``response_format`` (OpenAI's) or ``structured_outputs`` (vLLM's), not both."""
-    grammar = _response_format_grammar(request)
+    depth = settings.max_schema_depth
+    grammar = await _response_format_grammar(request, depth)
     wanted = request.structured_outputs
     if wanted is None:
         return None if grammar is None else Constraint(grammar=grammar)
     if grammar is not None:
         raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
     if wanted.json_object:
-        return Constraint(grammar=compact_json_grammar(ANY_OBJECT))
+        return Constraint(grammar=await compact_json_grammar(ANY_OBJECT, depth))
     if wanted.json_ is not None:
-        return Constraint(grammar=compact_json_grammar(wanted.json_, "structured_outputs.json"))
+        return Constraint(grammar=await compact_json_grammar(wanted.json_, depth, "structured_outputs.json"))
     if wanted.choice is not None:
         return Constraint(choice=tuple(wanted.choice))
     return Constraint(grammar=wanted.grammar, regex=wanted.regex)
