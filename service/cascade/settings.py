@@ -155,6 +155,12 @@ class Settings(BaseSettings):
         2048, ge=1, description="Largest beam_width × steps of one k-CBS search (the engine rows it evaluates)."
     )
     max_bad_words: int = Field(64, ge=0, description="Largest number of bad_words.")
+    max_grammar_bytes: int = Field(
+        131072, ge=1024, description="Largest output constraint the engine compiles, in bytes: a JSON schema "
+        "and the grammar compiled from it (response_format, structured_outputs.json), a grammar, a regex, or the "
+        "choices together. The engine's compile time and memory grow faster than the size (a 176 KB grammar took "
+        "3 s, a 7 MB one exhausted 20 GB and killed the engine)."
+    )
     max_schema_depth: int = Field(
         64, ge=2, description="Deepest nesting of objects and arrays in a JSON schema to constrain output with "
         "(response_format, structured_outputs.json): its grammar is compiled per request, in time that grows with "
@@ -263,6 +269,8 @@ LIMITS = [
      "400, param `compression_top_k`"),
     ("max_kcbs_rows", "k-CBS beam_width × steps (engine rows per search)", "400, param `steps`"),
     ("max_bad_words", "bad_words entries", "400, param `bad_words`"),
+    ("max_grammar_bytes", "an output constraint: a JSON schema and its grammar, a grammar, a regex, the choices",
+     "400, param naming the constraint"),
     ("max_schema_depth", "nesting of a JSON schema (response_format, structured_outputs.json)",
      "400, param naming the schema"),
     ("max_word_chars", "characters of one stop string or bad word", "400, param `stop` / `bad_words`"),

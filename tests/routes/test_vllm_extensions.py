@@ -286,3 +286,24 @@ def test_nesting_depth_counts_objects_and_arrays() -> None:
     from cascade.api.structured import nesting_depth
 
     assert nesting_depth("x") == 0 and nesting_depth({}) == 1 and nesting_depth({"a": [1, {"b": []}]}) == 4
+
+
+@pytest.mark.parametrize(("value", "param"), [
+    ({"structured_outputs": {"json": {"type": "object", "properties": {f"p{i}": {"type": "string"}
+                                                                       for i in range(5000)}}}},
+     "structured_outputs.json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "wide", "schema": {
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}}}},
+     "response_format.json_schema.schema"),
+    ({"structured_outputs": {"regex": "a" * 200_000}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": 'root ::= "' + "a" * 200_000 + '"'}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"choice": ["x" * 1000] * 200}}, "structured_outputs.choice"),
+])
+def test_a_constraint_too_large_for_the_engine_to_compile_is_a_400(service: FakeService, value: dict[str, Any],
+                                                                    param: str) -> None:
+    """A 50,000-property schema (1.7 MB) made the engine's grammar compiler take 20 GB and the kernel
+    killed the engine: the size is bounded before anything compiles in the engine."""
+    r = _post(service, "/v1/completions", {"prompt": "x", **value})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param and "max_grammar_bytes" in error["message"], r.text
+    assert not service.engines.requests

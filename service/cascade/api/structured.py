@@ -52,50 +52,64 @@ def _compile(text: str, param: str) -> str:
     return str(grammar)
 
 
-async def compact_json_grammar(schema: dict[str, Any] | str, max_depth: int,
+def _check_size(size: int, settings: Settings, param: str, what: str) -> None:
+    if size > settings.max_grammar_bytes:
+        raise APIError(400, f"{param} {what} {size} bytes; at most {settings.max_grammar_bytes} are allowed "
+                            "(max_grammar_bytes)", param=param, code="invalid_value")
+
+
+async def compact_json_grammar(schema: dict[str, Any] | str, settings: Settings,
                                param: str = "response_format.json_schema.schema") -> str:
     """EBNF for JSON documents valid under ``schema``, written as ``json.dumps(..., separators=(",", ":"))``.
 
-    Compiled in a worker thread (xgrammar releases the GIL) and only for a schema nested at most
-    ``max_depth`` deep: compile time grows with the cube of the depth (400 levels took 8.8 s of a core)."""
+    Compiled in a worker thread (xgrammar releases the GIL), and only for a schema nested at most
+    ``max_schema_depth`` deep (compile time grows with the cube of the depth: 400 levels took 8.8 s
+    of a core) whose text and grammar fit in ``max_grammar_bytes`` (the engine compiles the grammar
+    again, in time and memory that grow faster than its size)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except (ValueError, RecursionError):
             raise APIError(400, f"{param} is not valid JSON", param=param, code="invalid_value") from None
     depth = nesting_depth(schema)
-    if depth > max_depth:
-        raise APIError(400, f"{param} nests {depth} levels deep; at most {max_depth} are allowed (max_schema_depth)",
-                       param=param, code="invalid_value")
-    return await asyncio.to_thread(_compile, json.dumps(schema), param)
+    if depth > settings.max_schema_depth:
+        raise APIError(400, f"{param} nests {depth} levels deep; at most {settings.max_schema_depth} are allowed "
+                            "(max_schema_depth)", param=param, code="invalid_value")
+    text = json.dumps(schema)
+    _check_size(len(text.encode()), settings, param, "has")
+    grammar = await asyncio.to_thread(_compile, text, param)
+    _check_size(len(grammar.encode()), settings, param, "compiles to a grammar of")
+    return grammar
 
 
-async def _response_format_grammar(request: SamplingFields, max_depth: int) -> str | None:
+async def _response_format_grammar(request: SamplingFields, settings: Settings) -> str | None:
     """``json_object`` constrains the reply to a JSON object, ``json_schema`` to the schema
     (always enforced, ``strict`` or not); ``text`` or no format leaves sampling free."""
     response_format = request.response_format
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
-        return await compact_json_grammar(ANY_OBJECT, max_depth)
+        return await compact_json_grammar(ANY_OBJECT, settings)
     if response_format.json_schema is None:
         raise APIError(400, "response_format type 'json_schema' needs a json_schema", param="response_format")
-    return await compact_json_grammar(response_format.json_schema.schema_, max_depth)
+    return await compact_json_grammar(response_format.json_schema.schema_, settings)
 
 
 async def output_constraint(request: SamplingFields, settings: Settings) -> Constraint | None:
     """What sampling must obey: ``response_format`` (OpenAI's) or ``structured_outputs`` (vLLM's), not both."""
-    depth = settings.max_schema_depth
-    grammar = await _response_format_grammar(request, depth)
+    grammar = await _response_format_grammar(request, settings)
     wanted = request.structured_outputs
     if wanted is None:
         return None if grammar is None else Constraint(grammar=grammar)
     if grammar is not None:
         raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
     if wanted.json_object:
-        return Constraint(grammar=await compact_json_grammar(ANY_OBJECT, depth))
+        return Constraint(grammar=await compact_json_grammar(ANY_OBJECT, settings))
     if wanted.json_ is not None:
-        return Constraint(grammar=await compact_json_grammar(wanted.json_, depth, "structured_outputs.json"))
+        return Constraint(grammar=await compact_json_grammar(wanted.json_, settings, "structured_outputs.json"))
     if wanted.choice is not None:
+        _check_size(sum(len(c.encode()) for c in wanted.choice), settings, "structured_outputs.choice", "holds")
         return Constraint(choice=tuple(wanted.choice))
+    given = "grammar" if wanted.grammar is not None else "regex"
+    _check_size(len((wanted.grammar or wanted.regex or "").encode()), settings, f"structured_outputs.{given}", "has")
     return Constraint(grammar=wanted.grammar, regex=wanted.regex)
