@@ -124,3 +124,29 @@ def test_return_token_ids_are_the_prompts_and_the_texts_tokens(openai_client, se
             {"role": "user", "content": "write a function"}]}).json()["tokens"]
         decoded = client.post("/v1/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"]
     assert prompt == rendered and len(ids) == 10 and decoded == text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_the_engine_fails_to_compile_after_admitting_it_is_an_error_not_an_empty_choice(
+        service, stream: bool) -> None:
+    """vLLM picks one grammar backend per engine for its first constrained request; once it is
+    xgrammar, it admits ``root ::= `` and then ends the request with finish reason ``error`` and no
+    text. The client gets a 400 naming the constraint (an error event once streaming), never a
+    choice finished by ``error``."""
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 4, "stream": stream}
+    with service.client() as client:
+        first = client.post("/v1/completions", json={**body, "stream": False,
+                                                     "structured_outputs": {"json_object": True}})
+        assert first.status_code == 200, first.text
+        r = client.post("/v1/completions", json={**body, "structured_outputs": {"grammar": "root ::= "}})
+        assert '"finish_reason":"error"' not in r.text.replace(" ", ""), r.text
+        if stream:
+            errors = [json.loads(line[6:])["error"] for line in r.text.splitlines()
+                      if line.startswith("data: {") and '"error"' in line]
+            assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+            assert all(e["param"] == "structured_outputs" for e in errors), errors
+        else:
+            assert r.status_code in (200, 400), r.text
+            if r.status_code == 400:
+                assert r.json()["error"]["param"] == "structured_outputs"
+        assert client.get("/ready").status_code == 200

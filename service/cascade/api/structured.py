@@ -113,3 +113,10 @@ async def output_constraint(request: SamplingFields, settings: Settings) -> Cons
     given = "grammar" if wanted.grammar is not None else "regex"
     _check_size(len((wanted.grammar or wanted.regex or "").encode()), settings, f"structured_outputs.{given}", "has")
     return Constraint(grammar=wanted.grammar, regex=wanted.regex)
+
+
+def constraint_field(request: SamplingFields) -> str | None:
+    """The field a request constrains its output with, if any."""
+    if request.structured_outputs is not None:
+        return "structured_outputs"
+    return "response_format" if request.response_format is not None else None
