@@ -257,8 +257,8 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
             chunk["choices"] = [choice_body(plan.kind, index, text, logprobs, delta.finish_reason, chunk=True,
                                             first=first_chunk, stop_reason=delta.stop_reason)
                                 | plan.choice_fields(index, delta.token_ids, first_chunk)]
-            if plan.kind == "chat":
-                chunk |= plan.prompt_fields(index, first_chunk)
+            if plan.kind == "chat":  # once, in the stream's first chunk
+                chunk |= plan.prompt_fields(index, not announced)
             announced.add(index)
             if plan.codec is not None:
                 codec_chunks: list[str] = []
@@ -299,7 +299,7 @@ async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
     return _model_card(settings, engines)
 
 
-def _check_tokenizer_request(model: str, size: int, param: str, unit: str, settings: Settings,
+def _check_tokenizer_request(model: str | None, size: int, param: str, unit: str, settings: Settings,
                              engines: EngineManager) -> None:
     """What ``/tokenize`` and ``/detokenize`` check first: the model, a ready engine, and the work's
     size (``max_tokenize_chars``: both run the tokenizer in the gateway)."""
