@@ -307,3 +307,13 @@ def test_a_constraint_too_large_for_the_engine_to_compile_is_a_400(service: Fake
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == param and "max_grammar_bytes" in error["message"], r.text
     assert not service.engines.requests
+
+
+def test_a_chat_stream_of_several_choices_carries_the_prompt_ids_once(service: FakeService) -> None:
+    body = {"model": MODEL, "max_tokens": 3, "stream": True, "n": 2, "temperature": 1.0, "return_token_ids": True,
+            "messages": CHAT}
+    with service.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert [c["prompt_token_ids"] for c in chunks if "prompt_token_ids" in c] == [service.engines.requests[-1][0]]
+    assert sorted(len([t for c in chunks for ch in c["choices"] if ch["index"] == i for t in ch["token_ids"]])
+                  for i in (0, 1)) == [3, 3]
