@@ -52,14 +52,19 @@ def free_port() -> int:
 
 def start_service(tmp: Path, extra_args: list[str], env_extra: dict[str, str] | None = None,
                   timeout: float = 300) -> Service:
-    """Launch ``python -m cascade serve`` and wait for ``/ready``."""
+    """Launch ``python -m cascade serve`` and wait for ``/ready``.
+
+    In its own process group (``stop_service`` signals the group) but in the tests' session: with the
+    kernel's autogroup scheduling, a service in a session of its own on a 2-core machine left its
+    gateway seconds without CPU while vLLM's engine core spun during a generation (``/metrics``
+    answered in 4–8 s), so a 1,000-token request finished before a test could see it running."""
     port = free_port()
     log_path = tmp / f"service-{port}.log"
     env = {**os.environ, "CASCADE_HOME": str(tmp / "home"), **(env_extra or {})}
     args = [sys.executable, "-m", "cascade", "serve", "--port", str(port), "--api-key", API_KEY, *extra_args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   process_group=0)
     service = Service(f"http://127.0.0.1:{port}", API_KEY, process, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
