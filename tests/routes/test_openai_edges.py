@@ -251,27 +251,10 @@ def test_null_for_an_optional_parameter_means_its_default(service: FakeService, 
 def test_a_null_completion_max_tokens_is_openais_default_of_16(service: FakeService) -> None:
     with service.client() as client:
         r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": None})
+        model_null = client.post("/v1/completions", json={"model": None, "prompt": "x"})
     assert r.status_code == 200, r.text
     assert service.engines.requests[-1][1].max_tokens == 16
-
-
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/tokenize", "/v1/kcbs"])
-@pytest.mark.parametrize("model", [None, "absent"])
-def test_a_request_naming_no_model_is_served_by_this_services_model(service: FakeService, path: str,
-                                                                    model: str | None) -> None:
-    """vLLM's rule (OpenAI requires ``model``): a single-model server needs no name."""
-    body: dict[str, object] = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}
-    if path == "/v1/completions":
-        body["max_tokens"] = 2
-    if path == "/v1/kcbs":
-        body.update(beam_width=2, steps=2)
-    if model is None:
-        body["model"] = None
-    with service.client() as client:
-        r = client.post(path, json=body)
-    assert r.status_code == 200, r.text
-    if "completions" in path:
-        assert r.json()["model"] == MODEL
+    assert model_null.status_code == 400 and model_null.json()["error"]["param"] == "model"
 
 
 def test_an_unknown_service_tier_is_a_400_naming_it(service: FakeService) -> None:

@@ -32,7 +32,7 @@ class KcbsRequest(StrictModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str | None = None
+    model: str
     prompt: str | list[int] | None = None
     messages: list[ChatMessage] | None = None
     beam_width: Annotated[int, Field(ge=1, le=MAX_BEAM_WIDTH)]

@@ -126,8 +126,7 @@ class SamplingFields(StrictModel):
     """Sampling parameters shared by completions and chat completions (OpenAI's, and vLLM's extensions
     that change only what is sampled or how its text is rendered)."""
 
-    model: str | None = None
-    """Absent or null: the model this service serves (vLLM's rule; OpenAI requires it)."""
+    model: str
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
@@ -334,7 +333,7 @@ class TokenizeRequest(StrictModel):
     """``POST /v1/tokenize`` (vLLM's shape): a ``prompt``, or chat ``messages`` rendered with the model's
     chat template as chat completions render them; lets clients cut a corpus into model-sized windows."""
 
-    model: str | None = None
+    model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = False
@@ -360,5 +359,5 @@ class TokenizeRequest(StrictModel):
 class DetokenizeRequest(StrictModel):
     """``POST /v1/detokenize`` (vLLM's shape): token ids back to text."""
 
-    model: str | None = None
+    model: str
     tokens: list[int]

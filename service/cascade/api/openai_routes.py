@@ -299,7 +299,7 @@ async def retrieve_model(model: str, settings: Settings = Depends(get_settings),
     return _model_card(settings, engines)
 
 
-def _check_tokenizer_request(model: str | None, size: int, param: str, unit: str, settings: Settings,
+def _check_tokenizer_request(model: str, size: int, param: str, unit: str, settings: Settings,
                              engines: EngineManager) -> None:
     """What ``/tokenize`` and ``/detokenize`` check first: the model, a ready engine, and the work's
     size (``max_tokenize_chars``: both run the tokenizer in the gateway)."""

@@ -8,10 +8,9 @@ from cascade.engine.types import Constraint, GenerationRequest, Prediction
 from cascade.settings import Settings
 
 
-def check_model(requested: str | None, settings: Settings) -> None:
-    """404 for a model this service does not serve (OpenAI's ``model_not_found``); none named means the
-    one it serves, as in vLLM."""
-    if requested is not None and requested not in (settings.model_name, settings.model):
+def check_model(requested: str, settings: Settings) -> None:
+    """404 for a model this service does not serve (OpenAI's ``model_not_found``)."""
+    if requested not in (settings.model_name, settings.model):
         raise APIError(404, f"The model '{requested}' does not exist; this service serves "
                             f"'{settings.model_name}'", param="model", code="model_not_found")
 
