@@ -301,7 +301,7 @@ def test_nesting_depth_counts_objects_and_arrays() -> None:
 ])
 def test_a_constraint_too_large_for_the_engine_to_compile_is_a_400(service: FakeService, value: dict[str, Any],
                                                                     param: str) -> None:
-    """A 50,000-property schema (1.7 MB) made the engine's grammar compiler take 20 GB and the kernel
+    """A 50,000-property schema (1.5 MB) made the engine's grammar compiler take 20 GB and the kernel
     killed the engine: the size is bounded before anything compiles in the engine."""
     r = _post(service, "/v1/completions", {"prompt": "x", **value})
     error = r.json()["error"]
