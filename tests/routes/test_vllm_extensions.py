@@ -317,3 +317,10 @@ def test_a_chat_stream_of_several_choices_carries_the_prompt_ids_once(service: F
     assert [c["prompt_token_ids"] for c in chunks if "prompt_token_ids" in c] == [service.engines.requests[-1][0]]
     assert sorted(len([t for c in chunks for ch in c["choices"] if ch["index"] == i for t in ch["token_ids"]])
                   for i in (0, 1)) == [3, 3]
+
+
+def test_continue_final_message_without_messages_to_continue_is_a_400(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/tokenize", json={"model": MODEL, "messages": [], "add_generation_prompt": False,
+                                              "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text

@@ -167,7 +167,7 @@ def _template_options(chat: list[ChatMessage], add_generation_prompt: bool, cont
         if add_generation_prompt:
             raise APIError(400, "continue_final_message continues the last assistant message, so it needs "
                                 "add_generation_prompt false", param="continue_final_message", code="invalid_value")
-        if chat[-1].role != "assistant":
+        if not chat or chat[-1].role != "assistant":
             raise APIError(400, "continue_final_message needs an assistant message last",
                            param="continue_final_message", code="invalid_value")
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs or {}))
