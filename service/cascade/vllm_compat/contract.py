@@ -43,6 +43,7 @@ CLASSES: dict[str, str] = {
     "CompletionOutput": "vllm.outputs:CompletionOutput",
     "RequestSpecDecodeMetrics": "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
     "FlatLogprobs": "vllm.logprobs:FlatLogprobs",
+    "Logprob": "vllm.logprobs:Logprob",
     "custom_class_proposer": "vllm.v1.spec_decode.custom_class_proposer",
     "rejection_sampler": "vllm.v1.sample.rejection_sampler",
 }
@@ -86,6 +87,7 @@ CHECKS: tuple[Check, ...] = (
                                          "stop_reason")),
     Check("RequestSpecDecodeMetrics", "fields", ("histogram", "num_draft_tokens")),
     Check("FlatLogprobs", "fields", ("start_indices", "end_indices", "token_ids", "logprobs", "ranks")),
+    Check("Logprob", "fields", ("logprob", "rank", "decoded_token")),  # engine/outputs.py
 )
 
 
