@@ -34,7 +34,7 @@ def test_structured_outputs_reach_the_engine_as_one_constraint(service: FakeServ
     assert r.status_code == 200, r.text
     constraint = service.engines.requests[-1][1].constraint
     assert constraint is not None
-    assert {k: v for k, v in vars(constraint).items() if v is not None} == expected
+    assert {k: v for k, v in vars(constraint).items() if v is not None} == {**expected, "source": "structured_outputs"}
 
 
 @pytest.mark.parametrize("wanted", [{"json": {"type": "object", "properties": {"a": {"type": "integer"}}}},

@@ -21,7 +21,6 @@ class Choice:
     """One choice being assembled from engine deltas."""
 
     text: str = ""
-    tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     characters: list[int] = field(default_factory=list)
@@ -29,10 +28,13 @@ class Choice:
     stop_reason: int | str | None = None
     counter: TokenCharacters | None = None
 
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
     def add(self, delta: CompletionDelta, top_n: int | None, kind: Kind, table: TokenTable | None = None,
             as_ids: bool = False) -> None:
         self.text += delta.text
-        self.tokens += len(delta.token_ids)
         self.token_ids += delta.token_ids
         self.logprobs += logprob_entries(delta, top_n, kind, table, as_ids)
         if self.counter is None:

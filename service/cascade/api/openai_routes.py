@@ -51,7 +51,7 @@ from cascade.api.sampling import (
     unsupported_fields,
 )
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_data, until_disconnect
-from cascade.api.structured import constraint_field, output_constraint
+from cascade.api.structured import output_constraint
 from cascade.api.topk_export import export_completion
 from cascade.codec.pipeline import CodecPipeline
 from cascade.codec.sampling_codec import SamplingEncoder
@@ -96,8 +96,6 @@ class Plan:
     return_token_ids: bool = False
     tokens_as_ids: bool = False
     """vLLM's ``return_tokens_as_token_ids``: logprobs name tokens ``token_id:<id>``."""
-    constraint_param: str | None = None
-    """The field that constrained the output, named by an error the engine's grammar compiler causes."""
 
     def observe(self, prompt_index: int, output: Generation) -> None:
         """Remember how many prompt tokens the engine's prefix cache served (reported per prompt), and
@@ -132,9 +130,9 @@ class Plan:
         engine's compiler refused after admitting the request (``root ::= ``): the client's 400."""
         if delta.finish_reason != "error":
             return
-        if self.request.constraint is not None:
+        if (constraint := self.request.constraint) is not None:
             raise APIError(400, "the engine could not compile this request's output constraint "
-                                "(structured_outputs or response_format)", param=self.constraint_param,
+                                "(structured_outputs or response_format)", param=constraint.source,
                            code="invalid_value")
         raise APIError(500, "the engine failed while generating this request", code="engine_error")
 
@@ -377,8 +375,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                                           constraint=await output_constraint(body, settings))
             encoder = SamplingEncoder(codec, prompts[0], codec_field.top_k, codec_field.precision_bits)
             return await _respond(request, Plan("completion", prompts, sampling, stream, include_usage, None,
-                                                codec=encoder, constraint_param=constraint_field(body)),
-                                   settings, engines, metrics)
+                                                codec=encoder), settings, engines, metrics)
 
         return await codec_completion(request, body, prompts, settings, sample_and_code)
     echo_scores = body.logprobs if body.echo else None
@@ -392,7 +389,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                 echo=echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer)
                 if body.echo else None,
                 score_only=score_only, prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
-                tokens_as_ids=body.return_tokens_as_token_ids, constraint_param=constraint_field(body))
+                tokens_as_ids=body.return_tokens_as_token_ids)
     return await _respond(request, plan, settings, engines, metrics)
 
 
@@ -427,7 +424,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,
                 prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
-                tokens_as_ids=body.return_tokens_as_token_ids, constraint_param=constraint_field(body),
+                tokens_as_ids=body.return_tokens_as_token_ids,
                 echo=[body.messages[-1].text()] if body.echo and body.messages[-1].role == "assistant" else None)
     return await _respond(request, plan, settings, engines, metrics)
 

@@ -100,23 +100,18 @@ async def output_constraint(request: SamplingFields, settings: Settings) -> Cons
     grammar = await _response_format_grammar(request, settings)
     wanted = request.structured_outputs
     if wanted is None:
-        return None if grammar is None else Constraint(grammar=grammar)
+        return None if grammar is None else Constraint(grammar=grammar, source="response_format")
     if grammar is not None:
         raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
+    source = "structured_outputs"
     if wanted.json_object:
-        return Constraint(grammar=await compact_json_grammar(ANY_OBJECT, settings))
+        return Constraint(grammar=await compact_json_grammar(ANY_OBJECT, settings), source=source)
     if wanted.json_ is not None:
-        return Constraint(grammar=await compact_json_grammar(wanted.json_, settings, "structured_outputs.json"))
+        return Constraint(grammar=await compact_json_grammar(wanted.json_, settings, "structured_outputs.json"),
+                          source=source)
     if wanted.choice is not None:
         _check_size(sum(len(c.encode()) for c in wanted.choice), settings, "structured_outputs.choice", "holds")
-        return Constraint(choice=tuple(wanted.choice))
+        return Constraint(choice=tuple(wanted.choice), source=source)
     given = "grammar" if wanted.grammar is not None else "regex"
     _check_size(len((wanted.grammar or wanted.regex or "").encode()), settings, f"structured_outputs.{given}", "has")
-    return Constraint(grammar=wanted.grammar, regex=wanted.regex)
-
-
-def constraint_field(request: SamplingFields) -> str | None:
-    """The field a request constrains its output with, if any."""
-    if request.structured_outputs is not None:
-        return "structured_outputs"
-    return "response_format" if request.response_format is not None else None
+    return Constraint(grammar=wanted.grammar, regex=wanted.regex, source=source)

@@ -41,6 +41,8 @@ class Constraint:
     grammar: str | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
+    source: str = ""
+    """The request field it came from (``response_format``, ``structured_outputs``), named by errors."""
 
 
 @dataclass(frozen=True)
