@@ -150,3 +150,30 @@ def test_a_grammar_the_engine_fails_to_compile_after_admitting_it_is_an_error_no
             if r.status_code == 400:
                 assert r.json()["error"]["param"] == "structured_outputs"
         assert client.get("/ready").status_code == 200
+
+
+def test_beam_search_answers_vllms_own_batch_test(openai_client) -> None:
+    """vLLM's ``test_batch_completions``: ``n = 2`` at temperature 0 needs ``use_beam_search``."""
+    for prompts in (["Hello, my name is"] * 2, [[0, 0, 0, 0, 0]] * 2):
+        batch = openai_client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=5, temperature=0.0,
+                                                 extra_body={"use_beam_search": True})
+        assert len(batch.choices) == 4
+        assert batch.choices[0].text != batch.choices[1].text, "beams should differ"
+        assert batch.choices[0].text == batch.choices[2].text
+        assert batch.choices[1].text == batch.choices[3].text
+
+
+def test_a_one_beam_search_is_greedy_decoding(openai_client) -> None:
+    common = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 12, "temperature": 0}
+    greedy = openai_client.completions.create(**common, extra_body={"ignore_eos": True})
+    beam = openai_client.completions.create(**common, extra_body={"ignore_eos": True, "use_beam_search": True})
+    assert beam.choices[0].text == greedy.choices[0].text
+    assert beam.usage.completion_tokens == greedy.usage.completion_tokens == 12
+
+
+def test_chat_beam_search_scores_beams_by_the_models_logprobs(openai_client) -> None:
+    out = openai_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], n=3, max_tokens=6,
+        logprobs=True, extra_body={"use_beam_search": True, "length_penalty": 0.0})
+    totals = [sum(t.logprob for t in c.logprobs.content) for c in out.choices]
+    assert len(out.choices) == 3 and totals == sorted(totals, reverse=True)

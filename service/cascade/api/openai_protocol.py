@@ -159,6 +159,10 @@ class SamplingFields(StrictModel):
     """The prompt's and each choice's token ids beside the text (vLLM's)."""
     return_tokens_as_token_ids: bool = False
     """Log-probabilities name each token ``token_id:<id>`` (vLLM's), for tokens that are not text alone."""
+    use_beam_search: bool = False
+    """vLLM's: ``n`` beams searched by the model's log-probabilities instead of sampling (``beam_search``)."""
+    length_penalty: float = 1.0
+    """vLLM's: a beam's score is its log-probability over its length to this power (with use_beam_search)."""
 
     def stop_sequences(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings (OpenAI takes one string or a list)."""

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from cascade.api.beam_search import beam_search_reply
 from cascade.api.codec_completions import codec_completion
 from cascade.api.completion_render import (
     Choice,
@@ -350,6 +351,10 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
                                     text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
                                     settings.max_prompts, add_special_tokens)
     prompts = truncated(sent, keep, settings.max_model_len)
+    echo = echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer) if body.echo else None
+    if body.use_beam_search:
+        return await beam_search_reply(request, body, "completion", prompts, echo, get_gateway(request),
+                                       body.logprobs)
     if body.compression:
         return await export_completion(request, body, prompts, settings, engines, metrics)
     score_only = body.echo and body.max_tokens == 0
@@ -386,8 +391,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
-                echo=echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer)
-                if body.echo else None,
+                echo=echo,
                 score_only=score_only, prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
                 tokens_as_ids=body.return_tokens_as_token_ids)
     return await _respond(request, plan, settings, engines, metrics)
@@ -414,6 +418,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+    echo = [body.messages[-1].text()] if body.echo and body.messages[-1].role == "assistant" else None
+    if body.use_beam_search:
+        return await beam_search_reply(request, body, "chat", [prompt], echo, get_gateway(request), top)
     stream, include_usage = stream_flags(body)
     prediction = await predicted(body, engines, settings)
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=top, settings=settings,
@@ -424,8 +431,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,
                 prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
-                tokens_as_ids=body.return_tokens_as_token_ids,
-                echo=[body.messages[-1].text()] if body.echo and body.messages[-1].role == "assistant" else None)
+                tokens_as_ids=body.return_tokens_as_token_ids, echo=echo)
     return await _respond(request, plan, settings, engines, metrics)
 
 

@@ -169,5 +169,7 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> No
             if getattr(request, field) is not None:
                 raise APIError(400, f"{field} is not supported by this model: it has no reasoning or "
                                     "verbosity setting", param=field, code="unsupported_parameter")
+    if request.length_penalty != 1.0 and not request.use_beam_search:
+        raise APIError(400, "length_penalty applies to use_beam_search only", param="length_penalty")
     if request.stream_options and not request.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")

@@ -13,11 +13,28 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, MutableSet, Sequence
+from typing import Protocol, TypeVar
 
-from cascade.kcbs.algorithm import BeamRow, KcbsSearch, StepResult, end_ids
+from cascade.kcbs.algorithm import BeamRow, StepResult, end_ids
 
 TopLogprobs = Callable[[Sequence[int], int, str], Awaitable[list[tuple[int, float]]]]
 """``(token ids, k, request id) → the k most likely next tokens with raw log-probabilities, best first``."""
+
+
+class Search(Protocol):
+    """What the driver needs of a search (``KcbsSearch``, ``BeamSearch``)."""
+
+    @property
+    def done(self) -> bool: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def mask_eos(self) -> bool: ...
+    def pending(self) -> list[BeamRow]: ...
+    def advance(self, results: Sequence[StepResult]) -> None: ...
+
+
+S = TypeVar("S", bound=Search)
 
 
 async def _row_topk(top_logprobs: TopLogprobs, prompt: Sequence[int], row: BeamRow, k: int, mask_eos: bool,
@@ -38,9 +55,9 @@ async def _row_topk(top_logprobs: TopLogprobs, prompt: Sequence[int], row: BeamR
     return ids, logprobs, raw
 
 
-async def run_search(top_logprobs: TopLogprobs, prompt: Sequence[int], search: KcbsSearch, k: int,
+async def run_search(top_logprobs: TopLogprobs, prompt: Sequence[int], search: S, k: int,
                      eos_ids: Collection[int] | int | None, temperature: float, request_id: str,
-                     live: MutableSet[str]) -> AsyncIterator[KcbsSearch]:
+                     live: MutableSet[str]) -> AsyncIterator[S]:
     """Advance ``search`` to the end, yielding it after every step (for streaming the live beam).
 
     ``live`` holds the search's token while it runs (the app's registry of live searches). If the

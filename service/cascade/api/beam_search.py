@@ -1,0 +1,156 @@
+"""vLLM's ``use_beam_search`` on completions and chat: ``n`` beams searched with ``kcbs.BeamSearch``
+through the same engine queries as k-CBS, answered as ``n`` choices, best first."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from cascade.api.completion_render import Choice, Kind, choice_body, envelope, render_logprobs, usage
+from cascade.api.deps import request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest
+from cascade.api.sampling import resolve_max_tokens
+from cascade.api.streaming import until_disconnect
+from cascade.engine.types import Candidate, CompletionDelta, TokenLogprobs
+from cascade.export.token_table import TokenTable
+from cascade.kcbs.algorithm import MAX_BEAM_WIDTH
+from cascade.kcbs.beam_search import Beam, BeamSearch
+from cascade.kcbs.driver import run_search
+from cascade.lifecycle import Gateway
+
+_IGNORED = "temperature, top_p, top_k, min_p, seed"
+"""Accepted and without effect, as in vLLM: the search ranks by the model's own log-probabilities."""
+
+
+def _refused(body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The first field set that a beam search would not honour (vLLM drops them silently)."""
+    changed = {
+        "stream": body.stream, "stop": body.stop_sequences(), "stop_token_ids": body.stop_token_ids,
+        "logit_bias": body.logit_bias, "allowed_token_ids": body.allowed_token_ids, "bad_words": body.bad_words,
+        "min_tokens": body.min_tokens, "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty, "repetition_penalty": body.repetition_penalty,
+        "structured_outputs": body.structured_outputs,
+        "response_format": body.response_format and body.response_format.type != "text",
+        "prediction": body.prediction, "prompt_logprobs": body.prompt_logprobs,
+    }
+    if isinstance(body, CompletionRequest):
+        changed |= {"codec": body.codec, "compression": body.compression}
+    return next((name for name, value in changed.items() if value), None)
+
+
+def check_beam_search(body: CompletionRequest | ChatCompletionRequest, echo_logprobs: bool, max_n: int) -> None:
+    """400s for what a beam search cannot take, before any work is done."""
+    if (field := _refused(body)) is not None:
+        verb = "stream" if field == "stream" else f"take {field}"
+        raise APIError(400, f"use_beam_search cannot {verb}: the search ranks whole sequences by the model's "
+                            f"own log-probabilities ({_IGNORED} have no effect on it)", param=field)
+    if echo_logprobs:
+        raise APIError(400, "use_beam_search cannot take logprobs with echo: the prompt is not scored",
+                       param="logprobs")
+    if body.n > min(max_n, MAX_BEAM_WIDTH):
+        raise APIError(400, f"n (the beam width) may be at most {min(max_n, MAX_BEAM_WIDTH)}", param="n")
+
+
+def _budget(body: CompletionRequest | ChatCompletionRequest, prompt_len: int, gateway: Gateway) -> int:
+    """The steps of a search: ``max_tokens`` as asked, or as much as the k-CBS limits allow (each step
+    evaluates ``n`` rows)."""
+    settings = gateway.settings
+    if isinstance(body, ChatCompletionRequest):
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        requested = body.max_completion_tokens or body.max_tokens
+        tokens = resolve_max_tokens(requested, prompt_len, settings, param, prompt_param="messages")
+    else:
+        param, requested = "max_tokens", body.max_tokens
+        tokens = resolve_max_tokens(requested, prompt_len, settings, param)
+        if tokens == 0:
+            raise APIError(400, "max_tokens must be at least 1 with use_beam_search", param="max_tokens")
+    limit = min(settings.max_kcbs_steps, settings.max_kcbs_rows // body.n)
+    if requested is None:
+        return min(tokens, limit)
+    if tokens > limit:
+        raise APIError(400, f"{param} may be at most {limit} with use_beam_search and n = {body.n} (max_kcbs_steps, "
+                            f"and n × {param} at most max_kcbs_rows: the engine evaluates that many rows)",
+                       param=param)
+    return tokens
+
+
+def _spelled(token_id: int, table: TokenTable) -> str:
+    return table.data(token_id).decode("utf-8", errors="replace")
+
+
+def _delta(index: int, beam: Beam, text: str, top_n: int | None, table: TokenTable | None) -> CompletionDelta:
+    """A beam as the renderer takes a finished sequence, with each position's row as its log-probabilities.
+    An end token stays in the token ids, as sampling keeps it, and its ``stop_reason`` is null, as for a
+    sampled end (vLLM's beam search names the id)."""
+    ids = (*beam.token_ids, *((beam.end_token,) if beam.end_token is not None else ()))
+    logprobs = None
+    if top_n is not None and table is not None:
+        positions = []
+        for token, row in zip(ids, beam.steps, strict=True):
+            candidates = tuple(Candidate(t, _spelled(t, table), lp, rank) for rank, (t, lp) in enumerate(row, 1))
+            chosen = next(c for c in candidates if c.token_id == token)
+            positions.append(TokenLogprobs(token, chosen.token, chosen.logprob, candidates, chosen.rank))
+        logprobs = tuple(positions)
+    return CompletionDelta(index, text, ids, beam.finish_reason, logprobs)
+
+
+async def _search(gateway: Gateway, prompt: list[int], search: BeamSearch, k: int, rid: str) -> list[Beam]:
+    async for _ in run_search(gateway.engines.top_logprobs, prompt, search, k, None, 1.0, rid, gateway.live_searches):
+        gateway.metrics.kcbs_steps.inc()
+    return search.result()
+
+
+async def beam_search_reply(request: Request, body: CompletionRequest | ChatCompletionRequest, kind: Kind,
+                            prompts: Sequence[list[int]], echo: Sequence[str] | None, gateway: Gateway,
+                            top_n: int | None) -> JSONResponse:
+    """Search every prompt (concurrently: the engine batches their rows) and answer with ``n`` choices
+    per prompt, best first; ``echo`` texts go before each prompt's choices."""
+    settings, engines, metrics = gateway.settings, gateway.engines, gateway.metrics
+    check_beam_search(body, echo is not None and top_n is not None, settings.max_n)
+    steps = [_budget(body, len(p), gateway) for p in prompts]
+    searches = [BeamSearch(body.n, s, len(p), engines.eos_token_ids, ignore_eos=body.ignore_eos,
+                           length_penalty=body.length_penalty) for p, s in zip(prompts, steps, strict=True)]
+    k = max(2 * body.n, top_n or 0)
+    rid = request_id(request)
+    created = int(time.time())
+    metrics.prompt_tokens.labels(kind).inc(sum(len(p) for p in prompts))
+
+    async def run() -> list[list[Beam]]:
+        return list(await asyncio.gather(*(_search(gateway, p, s, k, f"{rid}-{i}")
+                                           for i, (p, s) in enumerate(zip(prompts, searches, strict=True)))))
+
+    results = await until_disconnect(request, run)
+    table = gateway.token_table() if top_n is not None else None
+    body_out = envelope(kind, rid, settings.model_name, chunk=False, created=created)
+    choices = []
+    completion_tokens = 0
+    def decode(beams: list[Beam]) -> list[str]:
+        return [str(engines.tokenizer.decode(list(b.token_ids), skip_special_tokens=body.skip_special_tokens))
+                for b in beams]
+
+    for p, beams in enumerate(results):
+        texts = await asyncio.to_thread(decode, beams)
+        for i, (beam, text) in enumerate(zip(beams, texts, strict=True)):
+            index = p * body.n + i
+            choice = Choice(text=echo[p]) if echo is not None else Choice()
+            choice.add(_delta(i, beam, text, top_n, table), top_n, kind, table, body.return_tokens_as_token_ids)
+            completion_tokens += choice.tokens
+            logprobs = render_logprobs(kind, choice.logprobs, 0, choice.characters) if top_n is not None else None
+            rendered = choice_body(kind, index, choice.text, logprobs, choice.finish_reason, chunk=False,
+                                   stop_reason=choice.stop_reason)
+            if body.return_token_ids:
+                rendered["token_ids"] = choice.token_ids
+                if kind == "completion":
+                    rendered["prompt_token_ids"] = prompts[p]
+            choices.append(rendered)
+    body_out["choices"] = choices
+    if kind == "chat" and body.return_token_ids:
+        body_out["prompt_token_ids"] = prompts[0]
+    metrics.completion_tokens.labels(kind).inc(completion_tokens)
+    body_out["usage"] = usage(sum(len(p) for p in prompts), completion_tokens)
+    return JSONResponse(body_out)
