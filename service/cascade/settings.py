@@ -253,8 +253,9 @@ LIMITS = [
     ("max_prediction_tokens", "prediction length in tokens (text checked before tokenising)",
      "400, param `prediction`"),
     ("max_kcbs_steps",
-     "k-CBS T (steps); with a target, max_edit_distance ≤ T and the target ≤ T + max_edit_distance tokens",
-     "400, param `steps` / `max_edit_distance` / `target`"),
+     "k-CBS T (steps); with a target, max_edit_distance ≤ T and the target ≤ T + max_edit_distance tokens; "
+     "max_tokens of a use_beam_search request",
+     "400, param `steps` / `max_edit_distance` / `target` / `max_tokens`"),
     ("max_kcbs_candidates", "k-CBS k² (candidates per step; k is also capped at 64)", "400, param `beam_width`"),
     ("codec_max_segments", "segments in a container", "400 `container_too_large`"),
     ("codec_max_output_bytes", "total original bytes a container declares", "400 `container_too_large`"),
@@ -267,7 +268,8 @@ LIMITS = [
     ("max_export_top_k", "top-k export's compression_top_k", "400"),
     ("max_export_values", "top-k export's positions × compression_top_k, summed over prompts",
      "400, param `compression_top_k`"),
-    ("max_kcbs_rows", "k-CBS beam_width × steps (engine rows per search)", "400, param `steps`"),
+    ("max_kcbs_rows", "k-CBS beam_width × steps (engine rows per search); n × max_tokens of a use_beam_search "
+     "request", "400, param `steps` / `max_tokens`"),
     ("max_bad_words", "bad_words entries", "400, param `bad_words`"),
     ("max_grammar_bytes", "an output constraint: a JSON schema and its grammar, a grammar, a regex, the choices",
      "400, param naming the constraint"),
