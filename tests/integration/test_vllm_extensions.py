@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import pytest
 
@@ -177,3 +178,25 @@ def test_chat_beam_search_scores_beams_by_the_models_logprobs(openai_client) -> 
         logprobs=True, extra_body={"use_beam_search": True, "length_penalty": 0.0})
     totals = [sum(t.logprob for t in c.logprobs.content) for c in out.choices]
     assert len(out.choices) == 3 and totals == sorted(totals, reverse=True)
+
+
+def test_cache_salt_keeps_prefix_cache_blocks_to_requests_of_the_same_salt(openai_client) -> None:
+    prompt = f"# {uuid.uuid4().hex}\n" + "def f(x):\n    return x\n" * 40
+
+    def cached(salt: str | None) -> int:
+        out = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+                                               extra_body={"cache_salt": salt} if salt else None)
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") > 0
+    assert cached("tenant-b") == 0
+    assert cached(None) == 0
+
+
+def test_request_id_names_the_reply_and_the_model_card_has_a_root(openai_client) -> None:
+    out = openai_client.completions.create(model=MODEL, prompt="x", max_tokens=1,
+                                           extra_body={"request_id": "run-42"})
+    assert out.id == "cmpl-run-42"
+    assert out.choices[0].token_ids is None  # present and null, as vLLM's replies name it
+    assert openai_client.models.retrieve(MODEL).root

@@ -156,7 +156,8 @@ class FakeEngines:
                                       1 if hit else None))
         return out
 
-    async def top_logprobs(self, token_ids: Sequence[int], k: int, request_id: str) -> list[tuple[int, float]]:
+    async def top_logprobs(self, token_ids: Sequence[int], k: int, request_id: str,
+                           cache_salt: str | None = None) -> list[tuple[int, float]]:
         weights = [2.0 ** -(i + 1) for i in range(k)]
         return [((token_ids[-1] + i + 1) % len(self.tokenizer), math.log(w)) for i, w in enumerate(weights)]
 

@@ -160,7 +160,7 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids(service: FakeSe
         assert len(choice["token_ids"]) == 2
         assert service.engines.tokenizer.decode(choice["token_ids"]) == choice["text"]
     plain = _post(service, "/v1/completions", {"prompt": ids}).json()
-    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+    assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["prompt_token_ids"] is None
 
 
 def test_return_token_ids_on_chat_puts_the_prompt_ids_at_the_top(service: FakeService) -> None:
@@ -324,3 +324,75 @@ def test_continue_final_message_without_messages_to_continue_is_a_400(service: F
         r = client.post("/v1/tokenize", json={"model": MODEL, "messages": [], "add_generation_prompt": False,
                                               "continue_final_message": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+
+
+def test_truncation_side_right_keeps_the_prompts_first_tokens(service: FakeService) -> None:
+    ids = list(range(10, 40))
+    r = _post(service, "/v1/completions", {"prompt": ids, "truncate_prompt_tokens": 5, "truncation_side": "right"})
+    assert r.status_code == 200, r.text
+    assert service.engines.requests[-1][0] == ids[:5]
+    r = _post(service, "/v1/completions", {"prompt": ids, "truncation_side": "middle"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncation_side", r.text
+
+
+def test_truncate_to_the_context_leaves_room_for_the_completion_asked_for(service: FakeService) -> None:
+    context = service.gateway.settings.max_model_len
+    ids = [5] * (context + 50)
+    r = _post(service, "/v1/completions", {"prompt": ids, "truncate_prompt_tokens": -1, "max_tokens": 7})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == context - 7, r.text
+    r = _post(service, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * context}],
+                                                "truncate_prompt_tokens": -1, "max_tokens": None})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == context - 1, r.text
+
+
+def test_request_id_names_the_reply_and_priority_zero_is_served(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "request_id": "my-run.7", "priority": 0,
+                                           "session_id": "conversation-1"})
+    assert r.status_code == 200 and r.json()["id"] == "cmpl-my-run.7", r.text
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "request_id": "abc", "stream": True})
+    assert r.status_code == 200
+    ids = {json.loads(line[6:])["id"] for line in r.text.splitlines() if line.startswith("data: {")}
+    assert ids == {"chatcmpl-abc"}
+
+
+@pytest.mark.parametrize(("field", "value"), [("priority", 1), ("request_id", "a/b"), ("request_id", ""),
+                                              ("cache_salt", ""), ("cache_salt", "a@b")])
+def test_what_vllm_refuses_of_the_request_options_is_a_400(service: FakeService, field: str, value: Any) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_cache_salt_reaches_the_engine_with_the_prompt(service: FakeService, path: str) -> None:
+    body = {"cache_salt": "tenant-a", **({"messages": CHAT} if "chat" in path else {"prompt": "x"})}
+    assert _post(service, path, body).status_code == 200
+    assert service.engines.requests[-1][1].cache_salt == "tenant-a"
+
+
+def test_chat_takes_vllms_reasoning_switches_as_no_ops(service: FakeService) -> None:
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "include_reasoning": False,
+                                                "thinking_token_budget": 64})
+    assert r.status_code == 200, r.text
+
+
+def test_whole_replies_name_vllms_extras_null_when_not_asked_for(service: FakeService) -> None:
+    completion = _post(service, "/v1/completions", {"prompt": "x"}).json()
+    choice = completion["choices"][0]
+    assert (choice["token_ids"], choice["prompt_token_ids"], choice["prompt_logprobs"]) == (None, None, None)
+    chat = _post(service, "/v1/chat/completions", {"messages": CHAT}).json()
+    assert (chat["prompt_token_ids"], chat["prompt_logprobs"], chat["choices"][0]["token_ids"]) == (None, None, None)
+
+
+def test_tokenize_returns_token_strings_when_asked(service: FakeService) -> None:
+    with service.client() as client:
+        r = client.post("/v1/tokenize", json={"model": MODEL, "prompt": "def f", "return_token_strs": True}).json()
+        plain = client.post("/v1/tokenize", json={"model": MODEL, "prompt": "def f"}).json()
+    assert r["token_strs"] == service.engines.tokenizer.convert_ids_to_tokens(r["tokens"])
+    assert plain["token_strs"] is None
+
+
+def test_the_model_card_carries_vllms_root_parent_and_permission(service: FakeService) -> None:
+    with service.client() as client:
+        card = client.get(f"/v1/models/{MODEL}").json()
+    assert card["root"] and "/" not in card["root"] and card["parent"] is None
+    assert card["permission"][0]["object"] == "model_permission"

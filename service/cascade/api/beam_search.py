@@ -4,6 +4,7 @@ through the same engine queries as k-CBS, answered as ``n`` choices, best first.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 
@@ -11,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from cascade.api.completion_render import Choice, Kind, choice_body, envelope, render_logprobs, usage
-from cascade.api.deps import request_id
+from cascade.api.deps import reply_id, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest
 from cascade.api.sampling import resolve_max_tokens
@@ -99,8 +100,10 @@ def _delta(index: int, beam: Beam, text: str, top_n: int | None, table: TokenTab
     return CompletionDelta(index, text, ids, beam.finish_reason, logprobs)
 
 
-async def _search(gateway: Gateway, prompt: list[int], search: BeamSearch, k: int, rid: str) -> list[Beam]:
-    async for _ in run_search(gateway.engines.top_logprobs, prompt, search, k, None, 1.0, rid, gateway.live_searches):
+async def _search(gateway: Gateway, prompt: list[int], search: BeamSearch, k: int, rid: str,
+                  cache_salt: str | None) -> list[Beam]:
+    top_logprobs = functools.partial(gateway.engines.top_logprobs, cache_salt=cache_salt)
+    async for _ in run_search(top_logprobs, prompt, search, k, None, 1.0, rid, gateway.live_searches):
         gateway.metrics.kcbs_steps.inc()
     return search.result()
 
@@ -121,12 +124,12 @@ async def beam_search_reply(request: Request, body: CompletionRequest | ChatComp
     metrics.prompt_tokens.labels(kind).inc(sum(len(p) for p in prompts))
 
     async def run() -> list[list[Beam]]:
-        return list(await asyncio.gather(*(_search(gateway, p, s, k, f"{rid}-{i}")
+        return list(await asyncio.gather(*(_search(gateway, p, s, k, f"{rid}-{i}", body.cache_salt)
                                            for i, (p, s) in enumerate(zip(prompts, searches, strict=True)))))
 
     results = await until_disconnect(request, run)
     table = gateway.token_table() if top_n is not None else None
-    body_out = envelope(kind, rid, settings.model_name, chunk=False, created=created)
+    body_out = envelope(kind, reply_id(request), settings.model_name, chunk=False, created=created)
     choices = []
     completion_tokens = 0
     def decode(beams: list[Beam]) -> list[str]:
@@ -143,14 +146,14 @@ async def beam_search_reply(request: Request, body: CompletionRequest | ChatComp
             logprobs = render_logprobs(kind, choice.logprobs, 0, choice.characters) if top_n is not None else None
             rendered = choice_body(kind, index, choice.text, logprobs, choice.finish_reason, chunk=False,
                                    stop_reason=choice.stop_reason)
-            if body.return_token_ids:
-                rendered["token_ids"] = choice.token_ids
-                if kind == "completion":
-                    rendered["prompt_token_ids"] = prompts[p]
+            rendered["token_ids"] = choice.token_ids if body.return_token_ids else None
+            if kind == "completion":
+                rendered |= {"prompt_token_ids": prompts[p] if body.return_token_ids else None,
+                             "prompt_logprobs": None}
             choices.append(rendered)
     body_out["choices"] = choices
-    if kind == "chat" and body.return_token_ids:
-        body_out["prompt_token_ids"] = prompts[0]
+    if kind == "chat":
+        body_out |= {"prompt_token_ids": prompts[0] if body.return_token_ids else None, "prompt_logprobs": None}
     metrics.completion_tokens.labels(kind).inc(completion_tokens)
     body_out["usage"] = usage(sum(len(p) for p in prompts), completion_tokens)
     return JSONResponse(body_out)

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.completion_render import Sampled, choice_body, envelope, sampled_text, stream_flags, usage
-from cascade.api.deps import get_gateway, request_id
+from cascade.api.deps import get_gateway, reply_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CompletionRequest
 from cascade.api.sampling import check_token_ids, resolve_max_tokens
@@ -109,25 +109,24 @@ def _replayed(request: Request, body: CompletionRequest, prompt: list[int], ids:
               ) -> JSONResponse | StreamingResponse:
     """A completion whose tokens the codec produced (no engine sampled them), rendered as the engine
     rendered them when they were sampled (``sampled_text``)."""
-    rid = request_id(request)
     created = int(time.time())
     sampled = _sampled_text(request, body, prompt, ids, codec)
     choice = choice_body("completion", 0, sampled.text, None, sampled.finish_reason, chunk=stream,
                          stop_reason=sampled.stop_reason) | _token_ids(body, prompt, ids)
     counts = usage(len(prompt), len(ids))
     if not stream:
-        reply = envelope("completion", rid, settings.model_name, chunk=False, created=created)
+        reply = envelope("completion", reply_id(request), settings.model_name, chunk=False, created=created)
         reply.update(choices=[choice], usage=counts, codec=summary)
         return JSONResponse(reply)
 
     async def events() -> AsyncIterator[bytes]:
-        chunk = envelope("completion", rid, settings.model_name, chunk=True, created=created)
+        chunk = envelope("completion", reply_id(request), settings.model_name, chunk=True, created=created)
         chunk.update(choices=[choice], codec=summary)
         if include_usage:
             chunk["usage"] = None
         yield sse_data(chunk)
         if include_usage:
-            final = envelope("completion", rid, settings.model_name, chunk=True, created=created)
+            final = envelope("completion", reply_id(request), settings.model_name, chunk=True, created=created)
             final.update(choices=[], usage=counts)
             yield sse_data(final)
         yield SSE_DONE
@@ -145,12 +144,11 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
         raise APIError(400, "codec encode with token_ids is not streamed", param="stream")
     ids = list(check_token_ids(codec_field.token_ids or [], codec.vocab_size, "codec.token_ids"))
     resolve_max_tokens(len(ids), len(prompt), settings, "codec.token_ids")
-    rid = request_id(request)
     payload, _ = await until_disconnect(request, lambda: codec.encode_tokens(
         prompt, ids, len(ids), codec_field.top_k, codec_field.precision_bits, any_bytes=True,
         weighted_escapes=False))
     sampled = _sampled_text(request, request_body, prompt, ids, codec)
-    body = envelope("completion", rid, settings.model_name, chunk=False, created=int(time.time()))
+    body = envelope("completion", reply_id(request), settings.model_name, chunk=False, created=int(time.time()))
     body["choices"] = [choice_body("completion", 0, sampled.text, None, sampled.finish_reason, chunk=False,
                                    stop_reason=sampled.stop_reason)
                        | _token_ids(request_body, prompt, ids)]
@@ -161,9 +159,10 @@ async def _forced_encode(request: Request, request_body: CompletionRequest, prom
     return JSONResponse(body)
 
 
-def _token_ids(body: CompletionRequest, prompt: list[int], ids: list[int]) -> dict[str, list[int]]:
-    """vLLM's ``return_token_ids`` on a choice whose tokens the codec produced."""
-    return {"prompt_token_ids": prompt, "token_ids": ids} if body.return_token_ids else {}
+def _token_ids(body: CompletionRequest, prompt: list[int], ids: list[int]) -> dict[str, list[int] | None]:
+    """vLLM's ``return_token_ids`` on a choice whose tokens the codec produced (null when not asked for)."""
+    return {"prompt_token_ids": prompt, "token_ids": ids} if body.return_token_ids else \
+        {"prompt_token_ids": None, "token_ids": None}
 
 
 def _sampled_text(request: Request, body: CompletionRequest, prompt: list[int], ids: list[int],

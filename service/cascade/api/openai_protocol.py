@@ -152,7 +152,9 @@ class SamplingFields(StrictModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
-    """Keep only the prompt's last this-many tokens (vLLM's; −1: as many as the context holds)."""
+    """Keep only this many of the prompt's tokens (vLLM's; −1: as many as leave room for one more)."""
+    truncation_side: Literal["left", "right"] | None = None
+    """Which end ``truncate_prompt_tokens`` cuts (vLLM's): ``left`` (the default) keeps the last tokens."""
     prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
     """Each prompt token's log-probability and this many alternatives (vLLM's; not streamed)."""
     return_token_ids: bool = False
@@ -163,6 +165,14 @@ class SamplingFields(StrictModel):
     """vLLM's: ``n`` beams searched by the model's log-probabilities instead of sampling (``beam_search``)."""
     length_penalty: float = 1.0
     """vLLM's: a beam's score is its log-probability over its length to this power (with use_beam_search)."""
+    priority: int = 0
+    """vLLM's: only 0 is served (the engine schedules first come, first served)."""
+    request_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")] | None = None
+    """vLLM's: the reply's id is ``cmpl-<request_id>`` (``chatcmpl-`` for chat); engine ids stay the server's."""
+    session_id: str | None = None
+    """vLLM's routing hint for related requests; one engine here, so it routes nothing."""
+    cache_salt: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")] | None = None
+    """vLLM's: prompts share prefix-cache blocks only with requests of the same salt."""
 
     def stop_sequences(self) -> tuple[str, ...]:
         """``stop`` as a tuple of strings (OpenAI takes one string or a list)."""
@@ -328,6 +338,10 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     modalities: list[Literal["text"]] | None = None
+    include_reasoning: bool = True
+    thinking_token_budget: Annotated[int, Field(ge=-1)] | None = None
+    """vLLM's reasoning switches: they act on a thinking section, which this service's models do not write
+    (as in vLLM without a reasoning parser, they change nothing)."""
     # Parsed only to be refused by name: they would change the result and this model has no such knob.
     reasoning_effort: str | None = None
     verbosity: str | None = None
@@ -341,6 +355,8 @@ class TokenizeRequest(StrictModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = False
+    return_token_strs: bool = False
+    """vLLM's: each token's vocabulary string beside its id (``token_strs``)."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None

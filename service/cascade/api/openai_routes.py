@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -30,7 +31,7 @@ from cascade.api.completion_render import (
     stream_flags,
     usage,
 )
-from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, request_id
+from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, name_reply, reply_id, request_id
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_words
 from cascade.api.input_bounds import tokenize as tokenize_text
@@ -146,22 +147,24 @@ class Plan:
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return usage(prompt_tokens, completion_tokens, sum(self.cached_tokens.values()), self.predictions)
 
-    def prompt_fields(self, index: int, first: bool) -> dict[str, Any]:
+    def prompt_fields(self, index: int, first: bool, nulls: bool = False) -> dict[str, Any]:
         """vLLM's prompt extras: a completion choice carries its prompt's, a chat reply carries them at the
-        top (``index`` is a choice's; a stream sends them with a choice's first chunk)."""
+        top (``index`` is a choice's; a stream sends them with a choice's first chunk). ``nulls``: a
+        whole reply names them null when not asked for, as vLLM's does (its clients test ``is None``)."""
         prompt_index = index // self.request.n
-        extras: dict[str, Any] = {}
+        extras: dict[str, Any] = {"prompt_token_ids": None, "prompt_logprobs": None} if nulls else {}
         if first and self.return_token_ids:
             extras["prompt_token_ids"] = self.prompts[prompt_index]
         if first and self.prompt_logprobs is not None:
             extras["prompt_logprobs"] = self.prompt_scores.get(prompt_index)
         return extras
 
-    def choice_fields(self, index: int, token_ids: Sequence[int], first: bool) -> dict[str, Any]:
+    def choice_fields(self, index: int, token_ids: Sequence[int], first: bool, nulls: bool = False
+                      ) -> dict[str, Any]:
         """What vLLM adds to a completion choice or chat choice (``return_token_ids``, ``prompt_logprobs``)."""
-        extras = self.prompt_fields(index, first) if self.kind == "completion" else {}
-        if self.return_token_ids:
-            extras["token_ids"] = list(token_ids)
+        extras = self.prompt_fields(index, first, nulls) if self.kind == "completion" else {}
+        if self.return_token_ids or nulls:
+            extras["token_ids"] = list(token_ids) if self.return_token_ids else None
         return extras
 
 
@@ -198,23 +201,23 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     created = int(time.time())
     if plan.stream:
         outputs = await primed(request, merge(_engine_streams(engines, plan, rid)))
-        events = _stream(plan, outputs, rid, created, started, settings, metrics, prompt_tokens)
+        events = _stream(plan, outputs, reply_id(request), created, started, settings, metrics, prompt_tokens)
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     choices = await until_disconnect(request, lambda: _run(engines, plan, rid))
     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
     completion_tokens = sum(c.tokens for c in choices.values())
     metrics.completion_tokens.labels(plan.kind).inc(completion_tokens)
     _count_predictions(metrics, plan)
-    body = envelope(plan.kind, rid, settings.model_name, chunk=False, created=created)
+    body = envelope(plan.kind, reply_id(request), settings.model_name, chunk=False, created=created)
     body["choices"] = [
         choice_body(plan.kind, index, choices[index].text,
                     render_logprobs(plan.kind, choices[index].logprobs, 0, choices[index].characters)
                     if plan.top_logprobs is not None else None,
                     choices[index].finish_reason, chunk=False, stop_reason=choices[index].stop_reason)
-        | plan.choice_fields(index, choices[index].token_ids, first=True)
+        | plan.choice_fields(index, choices[index].token_ids, first=True, nulls=True)
         for index in sorted(choices)]
     if plan.kind == "chat":
-        body |= plan.prompt_fields(0, first=True)
+        body |= plan.prompt_fields(0, first=True, nulls=True)
     body["usage"] = plan.usage(prompt_tokens, completion_tokens)
     if plan.codec is not None:
         await until_disconnect(request, plan.codec.finish)
@@ -277,8 +280,17 @@ async def _stream(plan: Plan, outputs: AsyncIterator[tuple[int, Generation]], ri
 
 
 def _model_card(settings: Settings, engines: EngineManager) -> dict[str, Any]:
-    return {"id": settings.model_name, "object": "model", "created": int(engines.started_at), "owned_by": "cascade",
-            "max_model_len": settings.max_model_len}
+    """OpenAI's model object with vLLM's additions (``root``: what was loaded, ``parent``: the base model
+    of an adapter, none here; ``permission``), which clients of vLLM read."""
+    created = int(engines.started_at)
+    root = Path(settings.model).name if Path(settings.model).is_absolute() else settings.model  # no server paths
+    permission = {"id": f"modelperm-{settings.model_name}", "object": "model_permission", "created": created,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                  "group": None, "is_blocking": False}
+    return {"id": settings.model_name, "object": "model", "created": created, "owned_by": "cascade",
+            "root": root, "parent": None, "max_model_len": settings.max_model_len,
+            "permission": [permission]}
 
 
 @router.get("/models")
@@ -323,7 +335,8 @@ async def tokenize(body: TokenizeRequest, settings: Settings = Depends(get_setti
                                               add_special_tokens=body.add_special_tokens)
     else:
         ids = await tokenize_text(engines.tokenizer, body.prompt or "", body.add_special_tokens)
-    return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len}
+    strings = engines.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"tokens": ids, "count": len(ids), "max_model_len": settings.max_model_len, "token_strs": strings}
 
 
 @router.post("/detokenize")
@@ -345,12 +358,13 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     unsupported_fields(body)
     check_words(body, settings)
     engines.check_ready()
+    name_reply(request, body.request_id)
     keep = body.truncate_prompt_tokens
     add_special_tokens = body.add_special_tokens if body.add_special_tokens is not None else body.codec is None
     sent = await completion_prompts(engines, body.prompt,
                                     text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
                                     settings.max_prompts, add_special_tokens)
-    prompts = truncated(sent, keep, settings.max_model_len)
+    prompts = truncated(sent, keep, settings.max_model_len, body.truncation_side, body.max_tokens)
     echo = echo_texts(body.prompt if prompts == sent else prompts, prompts, engines.tokenizer) if body.echo else None
     if body.use_beam_search:
         return await beam_search_reply(request, body, "completion", prompts, echo, get_gateway(request),
@@ -406,12 +420,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     unsupported_fields(body)
     check_words(body, settings)
     engines.check_ready()
+    name_reply(request, body.request_id)
     keep = body.truncate_prompt_tokens
     rendered = await chat_prompt_from_messages(
         engines, body.messages, text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
         add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
         template_kwargs=body.chat_template_kwargs, add_special_tokens=body.add_special_tokens)
-    [prompt] = truncated([rendered], keep, settings.max_model_len)
+    [prompt] = truncated([rendered], keep, settings.max_model_len, body.truncation_side,
+                         body.max_completion_tokens or body.max_tokens)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param,
                                     prompt_param="messages")

@@ -49,15 +49,19 @@ async def completion_prompts(engines: EngineManager, value: str | list[Any], max
     return out
 
 
-def truncated(prompts: list[list[int]], keep: int | None, max_model_len: int) -> list[list[int]]:
-    """vLLM's ``truncate_prompt_tokens``: each prompt's last ``keep`` tokens (−1: the whole context)."""
+def truncated(prompts: list[list[int]], keep: int | None, max_model_len: int, side: str | None = None,
+              completion: int | None = None) -> list[list[int]]:
+    """vLLM's ``truncate_prompt_tokens``: each prompt's last ``keep`` tokens, or its first with ``side``
+    ``right``. −1 keeps as many as leave room for the ``completion`` tokens asked for (at least one):
+    vLLM keeps ``max_model_len − 1`` and cuts ``max_tokens`` to what is left, where this service answers
+    a ``max_tokens`` past the context with a 400, so "fit the prompt" must leave the room asked for."""
     if keep is None:
         return prompts
     if keep == 0 or keep > max_model_len:
         raise APIError(400, f"truncate_prompt_tokens must be -1 or 1..{max_model_len} (the context length), "
                             f"got {keep}", param="truncate_prompt_tokens", code="invalid_value")
-    limit = max_model_len if keep == -1 else keep
-    return [p[-limit:] for p in prompts]
+    limit = max(max_model_len - max(completion or 1, 1), 1) if keep == -1 else keep
+    return [p[:limit] if side == "right" else p[-limit:] for p in prompts]
 
 
 def text_bound(keep: int | None, max_model_len: int, max_tokenize_chars: int) -> int:

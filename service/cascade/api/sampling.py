@@ -146,7 +146,7 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         repetition_penalty=request.repetition_penalty, constraint=constraint,
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens, prediction=prediction,
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs, cache_salt=request.cache_salt)
 
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:
@@ -169,6 +169,10 @@ def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> No
             if getattr(request, field) is not None:
                 raise APIError(400, f"{field} is not supported by this model: it has no reasoning or "
                                     "verbosity setting", param=field, code="unsupported_parameter")
+    if request.priority != 0:
+        raise APIError(400, f"priority {request.priority} needs priority scheduling, which this service does not "
+                            "run (requests are served first come, first served): send 0 or leave it out",
+                       param="priority", code="unsupported_parameter")
     if request.length_penalty != 1.0 and not request.use_beam_search:
         raise APIError(400, "length_penalty applies to use_beam_search only", param="length_penalty")
     if request.stream_options and not request.stream:

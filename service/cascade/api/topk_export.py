@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from cascade.api.accept import accepts
 from cascade.api.completion_render import envelope
-from cascade.api.deps import get_gateway, request_id
+from cascade.api.deps import get_gateway, reply_id, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import CompletionRequest
 from cascade.api.sampling import generation_request
@@ -116,7 +116,8 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     metrics.prompt_tokens.labels("export").inc(prompt_tokens)
     if body.stream and not accepts(request, OCTET):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _sse(engines, prompts, export, k, rid, int(time.time()), settings, table, metrics, include_usage)
+        events = _sse(engines, prompts, export, k, (rid, reply_id(request)), int(time.time()), settings, table,
+                      metrics, include_usage)
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     tasks = [asyncio.ensure_future(engines.export(p, export, f"{rid}-{i}")) for i, p in enumerate(prompts)]
     try:
@@ -127,28 +128,29 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     if accepts(request, OCTET):
         return StreamingResponse(_binary(tasks, k, len(engines.tokenizer), metrics), media_type=OCTET,
                                  headers={"X-Cascade-Top-K": str(k)})
-    head = envelope("completion", rid, settings.model_name, chunk=False, created=int(time.time()))
+    head = envelope("completion", reply_id(request), settings.model_name, chunk=False, created=int(time.time()))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens}
     return StreamingResponse(_json(tasks, k, head, usage, table, metrics), media_type="application/json")
 
 
-async def _sse(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest, k: int, rid: str,
-               created: int, settings: Settings, table: TokenTable, metrics: Metrics,
+async def _sse(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest, k: int,
+               ids: tuple[str, str], created: int, settings: Settings, table: TokenTable, metrics: Metrics,
                include_usage: bool) -> AsyncIterator[bytes]:
     """One event per ``STREAM_BATCH`` positions, each rendered off the event loop (as ``_json`` does):
     a batch of 64 positions × 1,024 values is tens of milliseconds of Python, and rendered on the loop
     a whole document stalled every other request for seconds, most of all once its client had gone
     (writes then return at once, so nothing paced the rendering)."""
+    rid, shown = ids  # the engine requests' base id, the reply's
     async for index, positions in merge(_streams(engines, prompts, export, rid)):
         metrics.export_positions.inc(len(positions))
         for start in range(0, max(len(positions), 1), STREAM_BATCH):
             batch = positions[start:start + STREAM_BATCH]
             last = start + STREAM_BATCH >= len(positions)
-            head = envelope("completion", rid, settings.model_name, chunk=True, created=created)
+            head = envelope("completion", shown, settings.model_name, chunk=True, created=created)
             yield await asyncio.to_thread(_sse_batch, head, index, batch, last, k, table)
     if include_usage:
         total = sum(len(p) for p in prompts)
-        chunk = envelope("completion", rid, settings.model_name, chunk=True, created=created)
+        chunk = envelope("completion", shown, settings.model_name, chunk=True, created=created)
         chunk["choices"] = []
         chunk["usage"] = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
         yield sse_data(chunk)

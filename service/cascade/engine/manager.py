@@ -157,7 +157,7 @@ class EngineManager:
         """Stream a request's outputs; cancelling or closing the consumer aborts it in the engine."""
         params = sampling_params(request, len(self.tokenizer))
         answer_tokens = 0
-        async for output in self._outputs(prompt_token_ids, params, request_id, role):
+        async for output in self._outputs(prompt_token_ids, params, request_id, role, request.cache_salt):
             generation = outputs.generation(output)
             if request.prediction is not None:
                 answer_tokens = sum(len(c.token_ids) for c in generation.completions) + (
@@ -190,25 +190,29 @@ class EngineManager:
         assert request.export_top_k is not None
         params = sampling_params(request, len(self.tokenizer))
         final = None
-        async for output in self._outputs(prompt, params, request_id, EngineRole.MAIN):
+        async for output in self._outputs(prompt, params, request_id, EngineRole.MAIN, request.cache_salt):
             if output.prompt_logprobs is not None:
                 final = output
         return await asyncio.to_thread(outputs.export_positions, prompt, final, request.export_top_k)
 
-    async def top_logprobs(self, token_ids: Sequence[int], k: int, request_id: str) -> list[tuple[int, float]]:
+    async def top_logprobs(self, token_ids: Sequence[int], k: int, request_id: str,
+                           cache_salt: str | None = None) -> list[tuple[int, float]]:
         """The model's ``k`` most likely next tokens after ``token_ids`` with their raw log-probabilities."""
         final = None
-        async for output in self._outputs(token_ids, top_logprobs_params(k), request_id, EngineRole.MAIN):
+        async for output in self._outputs(token_ids, top_logprobs_params(k), request_id, EngineRole.MAIN, cache_salt):
             final = output
         return outputs.top_logprobs(final)
 
     async def _outputs(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str,
-                       role: EngineRole) -> AsyncIterator[Any]:
+                       role: EngineRole, cache_salt: str | None = None) -> AsyncIterator[Any]:
         """vLLM's outputs with its errors translated. Closing vLLM's stream aborts by its internal,
         randomised id: ``engine.abort(request_id)`` would abort every request sharing the external id."""
         engine = self._engine(role)
         finished = False
-        stream = engine.generate({"prompt_token_ids": list(prompt_token_ids)}, params, request_id)
+        prompt: dict[str, Any] = {"prompt_token_ids": list(prompt_token_ids)}
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        stream = engine.generate(prompt, params, request_id)
         try:
             async for output in stream:
                 finished = output.finished

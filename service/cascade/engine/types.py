@@ -76,6 +76,8 @@ class GenerationRequest:
     export_top_k: int | None = None
     prompt_logprobs: int | None = None
     """The prompt's own log-probabilities with this many alternatives (a completion's ``echo``)."""
+    cache_salt: str | None = None
+    """vLLM's: the prompt shares prefix-cache blocks only with prompts of the same salt."""
 
 
 @dataclass(frozen=True)

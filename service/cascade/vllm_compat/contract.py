@@ -44,6 +44,7 @@ CLASSES: dict[str, str] = {
     "RequestSpecDecodeMetrics": "vllm.v1.metrics.stats:RequestSpecDecodeMetrics",
     "FlatLogprobs": "vllm.logprobs:FlatLogprobs",
     "Logprob": "vllm.logprobs:Logprob",
+    "TokensPrompt": "vllm.inputs.llm:TokensPrompt",
     "custom_class_proposer": "vllm.v1.spec_decode.custom_class_proposer",
     "rejection_sampler": "vllm.v1.sample.rejection_sampler",
 }
@@ -88,6 +89,7 @@ CHECKS: tuple[Check, ...] = (
     Check("RequestSpecDecodeMetrics", "fields", ("histogram", "num_draft_tokens")),
     Check("FlatLogprobs", "fields", ("start_indices", "end_indices", "token_ids", "logprobs", "ranks")),
     Check("Logprob", "fields", ("logprob", "rank", "decoded_token")),  # engine/outputs.py
+    Check("TokensPrompt", "fields", ("prompt_token_ids", "cache_salt")),  # engine/manager.py
 )
 
 
@@ -99,10 +101,13 @@ def load(location: str) -> Any:
 
 
 def field_names(cls: Any) -> set[str]:
-    """What a class declares: msgspec Struct fields, dataclass fields, else ``__init__`` parameters."""
+    """What a class declares: msgspec Struct fields, dataclass fields, a TypedDict's keys, else ``__init__``
+    parameters."""
     struct_fields = getattr(cls, "__struct_fields__", None)
     if struct_fields is not None:
         return set(struct_fields)
+    if hasattr(cls, "__optional_keys__"):
+        return set(cls.__required_keys__) | set(cls.__optional_keys__)
     if dataclasses.is_dataclass(cls):
         return {f.name for f in dataclasses.fields(cls)}
     return set(inspect.signature(cls.__init__).parameters) - {"self"}

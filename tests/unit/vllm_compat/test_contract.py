@@ -117,3 +117,14 @@ def test_an_instance_attribute_init_only_reads_is_a_problem() -> None:
     assert check_problems(Check("AsyncLLM", "assigns", ("output_handler",)), Engine) == []
     assert check_problems(Check("AsyncLLM", "assigns", ("output_reader",)), Engine) == [
         "AsyncLLM.__init__ no longer sets self.output_reader"]
+
+
+def test_a_typed_dicts_keys_are_its_fields() -> None:
+    from typing import NotRequired, TypedDict
+
+    class TokensPrompt(TypedDict):  # a vLLM whose prompt dict no longer takes a cache salt
+        prompt_token_ids: list[int]
+        multi_modal_data: NotRequired[dict]
+
+    assert problems({"TokensPrompt": TokensPrompt}, checks=[c for c in CHECKS if c.target == "TokensPrompt"],
+                    version=PINNED) == ["TokensPrompt has no field 'cache_salt'"]
