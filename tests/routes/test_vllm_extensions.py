@@ -396,3 +396,22 @@ def test_the_model_card_carries_vllms_root_parent_and_permission(service: FakeSe
         card = client.get(f"/v1/models/{MODEL}").json()
     assert card["root"] and "/" not in card["root"] and card["parent"] is None
     assert card["permission"][0]["object"] == "model_permission"
+
+
+@pytest.mark.parametrize(("options", "spaced_extra_accepted"), [({}, False),
+                                                                 ({"disable_any_whitespace": True}, False),
+                                                                 ({"disable_any_whitespace": False,
+                                                                   "disable_additional_properties": False}, True)])
+def test_structured_json_options_choose_whitespace_and_extra_properties(service: FakeService, options: dict[str, Any],
+                                                                        spaced_extra_accepted: bool) -> None:
+    from xgrammar import Grammar
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = _post(service, "/v1/completions", {"prompt": "x", "structured_outputs": {"json": schema, **options}})
+    assert r.status_code == 200, r.text
+    constraint = service.engines.requests[-1][1].constraint
+    assert constraint is not None and constraint.grammar
+    grammar = Grammar.from_ebnf(constraint.grammar)
+    assert accepts(grammar, '{"a":1}')
+    assert accepts(grammar, '{"a": 1, "b": 2}') is spaced_extra_accepted

@@ -91,6 +91,12 @@ class StructuredOutputs(StrictModel):
     choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
     grammar: Annotated[str, Field(min_length=1)] | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
+    """For ``json``/``json_object``: false allows whitespace between JSON tokens (vLLM's default); unset
+    or true writes compact JSON, this service's default (a small model pads free whitespace until
+    ``max_tokens``)."""
+    disable_additional_properties: bool | None = None
+    """For ``json``: false lets objects carry properties the schema does not name; unset or true does not."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 

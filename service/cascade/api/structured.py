@@ -40,11 +40,12 @@ def nesting_depth(value: object) -> int:
     return deepest
 
 
-def _compile(text: str, param: str) -> str:
+def _compile(text: str, param: str, any_whitespace: bool, strict: bool) -> str:
     import xgrammar
 
     try:
-        grammar = xgrammar.Grammar.from_json_schema(text, any_whitespace=False, separators=(",", ":"))
+        grammar = xgrammar.Grammar.from_json_schema(text, any_whitespace=any_whitespace, strict_mode=strict,
+                                                    separators=None if any_whitespace else (",", ":"))
     except Exception as exc:
         reason = _XGRAMMAR_LOCATION.sub("", str(exc)).strip()  # "[14:06:30] /project/cpp/…cc:4944: " is not the user's
         raise APIError(400, f"{param} is not a usable JSON schema: {reason}", param=param,
@@ -59,8 +60,10 @@ def _check_size(size: int, settings: Settings, param: str, what: str) -> None:
 
 
 async def compact_json_grammar(schema: dict[str, Any] | str, settings: Settings,
-                               param: str = "response_format.json_schema.schema") -> str:
-    """EBNF for JSON documents valid under ``schema``, written as ``json.dumps(..., separators=(",", ":"))``.
+                               param: str = "response_format.json_schema.schema", *, any_whitespace: bool = False,
+                               strict: bool = True) -> str:
+    """EBNF for JSON documents valid under ``schema``, written as ``json.dumps(..., separators=(",", ":"))``
+    (``any_whitespace``: with any whitespace between tokens; ``strict``: no property the schema does not name).
 
     Compiled in a worker thread (xgrammar releases the GIL), and only for a schema nested at most
     ``max_schema_depth`` deep (compile time grows with the cube of the depth: 400 levels took 8.8 s
@@ -77,7 +80,7 @@ async def compact_json_grammar(schema: dict[str, Any] | str, settings: Settings,
                             "(max_schema_depth)", param=param, code="invalid_value")
     text = json.dumps(schema)
     _check_size(len(text.encode()), settings, param, "has")
-    grammar = await asyncio.to_thread(_compile, text, param)
+    grammar = await asyncio.to_thread(_compile, text, param, any_whitespace, strict)
     _check_size(len(grammar.encode()), settings, param, "compiles to a grammar of")
     return grammar
 
@@ -104,11 +107,12 @@ async def output_constraint(request: SamplingFields, settings: Settings) -> Cons
     if grammar is not None:
         raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
     source = "structured_outputs"
-    if wanted.json_object:
-        return Constraint(grammar=await compact_json_grammar(ANY_OBJECT, settings), source=source)
-    if wanted.json_ is not None:
-        return Constraint(grammar=await compact_json_grammar(wanted.json_, settings, "structured_outputs.json"),
-                          source=source)
+    spaced, strict = wanted.disable_any_whitespace is False, wanted.disable_additional_properties is not False
+    if wanted.json_object or wanted.json_ is not None:
+        schema: dict[str, Any] | str = ANY_OBJECT if wanted.json_ is None else wanted.json_
+        param = "structured_outputs.json_object" if wanted.json_object else "structured_outputs.json"
+        return Constraint(grammar=await compact_json_grammar(schema, settings, param, any_whitespace=spaced,
+                                                             strict=strict), source=source)
     if wanted.choice is not None:
         _check_size(sum(len(c.encode()) for c in wanted.choice), settings, "structured_outputs.choice", "holds")
         return Constraint(choice=tuple(wanted.choice), source=source)
