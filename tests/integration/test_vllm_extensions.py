@@ -200,3 +200,19 @@ def test_request_id_names_the_reply_and_the_model_card_has_a_root(openai_client)
     assert out.id == "cmpl-run-42"
     assert out.choices[0].token_ids is None  # present and null, as vLLM's replies name it
     assert openai_client.models.retrieve(MODEL).root
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_logprob_token_ids_score_the_named_tokens_at_every_position(openai_client, chat: bool) -> None:
+    ids = [5, 17, 300]
+    extra = {"logprob_token_ids": ids, "return_tokens_as_token_ids": True}
+    if chat:
+        out = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=4, temperature=0, logprobs=True, extra_body=extra)
+        positions = [{t.token for t in p.top_logprobs} for p in out.choices[0].logprobs.content]
+    else:
+        out = openai_client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=4, temperature=0,
+                                               logprobs=0, extra_body=extra)
+        positions = [set(p) for p in out.choices[0].logprobs.top_logprobs]
+    assert len(positions) == 4
+    assert all({f"token_id:{i}" for i in ids} <= names for names in positions)

@@ -415,3 +415,17 @@ def test_structured_json_options_choose_whitespace_and_extra_properties(service:
     grammar = Grammar.from_ebnf(constraint.grammar)
     assert accepts(grammar, '{"a":1}')
     assert accepts(grammar, '{"a": 1, "b": 2}') is spaced_extra_accepted
+
+
+def test_logprob_token_ids_reach_the_engine_and_need_logprobs(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "logprobs": 0, "logprob_token_ids": [5, 6, 7]})
+    assert r.status_code == 200, r.text
+    assert service.engines.requests[-1][1].logprob_token_ids == (5, 6, 7)
+    for body in ({"prompt": "x", "logprob_token_ids": [5]},
+                 {"prompt": "x", "logprobs": 1, "logprob_token_ids": [10**7]},
+                 {"prompt": "x", "logprobs": 1, "logprob_token_ids": list(range(129))},
+                 {"prompt": "x", "echo": True, "max_tokens": 0, "logprobs": 1, "logprob_token_ids": [5]}):
+        r = _post(service, "/v1/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprob_token_ids", r.text
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "logprob_token_ids": [5]})
+    assert r.status_code == 400 and "logprobs: true" in r.json()["error"]["message"], r.text

@@ -38,6 +38,7 @@ def _refused(body: CompletionRequest | ChatCompletionRequest) -> str | None:
         "structured_outputs": body.structured_outputs,
         "response_format": body.response_format and body.response_format.type != "text",
         "prediction": body.prediction, "prompt_logprobs": body.prompt_logprobs,
+        "logprob_token_ids": body.logprob_token_ids,
     }
     if isinstance(body, CompletionRequest):
         changed |= {"codec": body.codec, "compression": body.compression}

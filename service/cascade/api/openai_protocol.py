@@ -167,6 +167,8 @@ class SamplingFields(StrictModel):
     """The prompt's and each choice's token ids beside the text (vLLM's)."""
     return_tokens_as_token_ids: bool = False
     """Log-probabilities name each token ``token_id:<id>`` (vLLM's), for tokens that are not text alone."""
+    logprob_token_ids: Annotated[list[int], Field(min_length=1, max_length=128)] | None = None
+    """vLLM's: the log-probabilities of these tokens at every generated position (needs logprobs)."""
     use_beam_search: bool = False
     """vLLM's: ``n`` beams searched by the model's log-probabilities instead of sampling (``beam_search``)."""
     length_penalty: float = 1.0

@@ -50,6 +50,7 @@ from cascade.api.sampling import (
     check_token_ids,
     generation_request,
     resolve_max_tokens,
+    shown_alternatives,
     unsupported_fields,
 )
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_data, until_disconnect
@@ -376,6 +377,9 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
         raise APIError(400, "max_tokens must be at least 1 (0 only with echo, to score the prompt)",
                        param="max_tokens")
     if score_only:
+        if body.logprob_token_ids is not None:
+            raise APIError(400, "logprob_token_ids need generated tokens: echo with max_tokens 0 generates none",
+                           param="logprob_token_ids")
         check_min_tokens(body.min_tokens, 0)
         check_scored_prompts(prompts, settings)
         max_tokens = 1  # the engine samples one token past the prompt, which the reply leaves out
@@ -402,7 +406,7 @@ async def completions(body: CompletionRequest, request: Request, settings: Setti
     sampling = generation_request(body, max_tokens=max_tokens, logprobs=body.logprobs, settings=settings,
                                   vocab_size=vocab, stream=stream, prediction=prediction,
                                   constraint=await output_constraint(body, settings), prompt_logprobs=scores)
-    plan = Plan("completion", prompts, sampling, stream, include_usage, body.logprobs,
+    plan = Plan("completion", prompts, sampling, stream, include_usage, shown_alternatives(body, body.logprobs),
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if body.logprobs is not None else None,
                 echo=echo,
@@ -443,7 +447,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                                   vocab_size=len(engines.tokenizer), stream=stream, prediction=prediction,
                                   constraint=await output_constraint(body, settings),
                                   prompt_logprobs=body.prompt_logprobs)
-    plan = Plan("chat", [prompt], sampling, stream, include_usage, top,
+    plan = Plan("chat", [prompt], sampling, stream, include_usage, shown_alternatives(body, top),
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,
                 prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,

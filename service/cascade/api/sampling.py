@@ -131,6 +131,10 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
             raise APIError(400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs")
         if request.prompt_logprobs > settings.max_top_logprobs:
             raise APIError(400, f"prompt_logprobs may be at most {settings.max_top_logprobs}", param="prompt_logprobs")
+    if request.logprob_token_ids is not None and logprobs is None:
+        needed = "logprobs: true" if isinstance(request, ChatCompletionRequest) else "logprobs"
+        raise APIError(400, f"logprob_token_ids needs {needed}: they are shown as each token's top_logprobs",
+                       param="logprob_token_ids")
     if logprobs is not None and logprobs > settings.max_top_logprobs:
         field = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
         raise APIError(400, f"{field} may be at most {settings.max_top_logprobs}", param=field)
@@ -146,7 +150,17 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         repetition_penalty=request.repetition_penalty, constraint=constraint,
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens, prediction=prediction,
-        prompt_logprobs=prompt_logprobs, cache_salt=request.cache_salt)
+        prompt_logprobs=prompt_logprobs, cache_salt=request.cache_salt,
+        logprob_token_ids=None if request.logprob_token_ids is None
+        else check_token_ids(request.logprob_token_ids, vocab_size, "logprob_token_ids"))
+
+
+def shown_alternatives(request: SamplingFields, top_n: int | None) -> int | None:
+    """Alternatives a reply shows per generated token: the ``top_n`` asked for, or with vLLM's
+    ``logprob_token_ids`` every one of those tokens (and the sampled one), as vLLM shows them."""
+    if top_n is None or request.logprob_token_ids is None:
+        return top_n
+    return len(request.logprob_token_ids) + 1
 
 
 def unsupported_fields(request: CompletionRequest | ChatCompletionRequest) -> None:

@@ -71,7 +71,7 @@ CHECKS: tuple[Check, ...] = (
                                        "detokenize", "output_kind", "structured_outputs", "logprobs", "top_k",
                                        "top_p", "min_p", "temperature", "logit_bias", "allowed_token_ids",
                                        "max_tokens", "stop_token_ids", "skip_special_tokens",
-                                       "spaces_between_special_tokens")),
+                                       "spaces_between_special_tokens", "logprob_token_ids")),
     Check("SamplingParams", "attrs", ("bad_words_token_ids",)),
     Check("RequestOutputKind", "attrs", ("DELTA", "FINAL_ONLY")),
     Check("StructuredOutputsParams", "fields", ("grammar", "regex", "choice")),  # api/structured.py
