@@ -216,3 +216,14 @@ def test_logprob_token_ids_score_the_named_tokens_at_every_position(openai_clien
         positions = [set(p) for p in out.choices[0].logprobs.top_logprobs]
     assert len(positions) == 4
     assert all({f"token_id:{i}" for i in ids} <= names for names in positions)
+
+
+def test_repetition_detection_ends_a_looping_completion(openai_client) -> None:
+    common = {"model": MODEL, "prompt": "def add(a, b):\n", "max_tokens": 120, "temperature": 0}
+    looping = openai_client.completions.create(**common, extra_body={"ignore_eos": True})
+    cut = openai_client.completions.create(**common, extra_body={
+        "ignore_eos": True, "repetition_detection": {"max_pattern_size": 24, "min_count": 3}})
+    assert looping.choices[0].finish_reason == "length"
+    assert cut.choices[0].finish_reason == "repetition"
+    assert cut.usage.completion_tokens < 120
+    assert looping.choices[0].text.startswith(cut.choices[0].text)

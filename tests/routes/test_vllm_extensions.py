@@ -429,3 +429,30 @@ def test_logprob_token_ids_reach_the_engine_and_need_logprobs(service: FakeServi
         assert r.status_code == 400 and r.json()["error"]["param"] == "logprob_token_ids", r.text
     r = _post(service, "/v1/chat/completions", {"messages": CHAT, "logprob_token_ids": [5]})
     assert r.status_code == 400 and "logprobs: true" in r.json()["error"]["message"], r.text
+
+
+def test_repetition_detection_and_stream_interval_reach_the_engine(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "stream_interval": 4,
+                                           "repetition_detection": {"max_pattern_size": 8, "min_count": 3}})
+    assert r.status_code == 200, r.text
+    request = service.engines.requests[-1][1]
+    assert (request.repetition, request.stream_interval) == ((8, 0, 3), 4)
+    _post(service, "/v1/completions", {"prompt": "x", "repetition_detection": {}})
+    assert service.engines.requests[-1][1].repetition is None  # all zero: off
+
+
+@pytest.mark.parametrize("wanted", [{"max_pattern_size": 4, "min_count": 1},
+                                    {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2},
+                                    {"max_pattern_size": 300, "min_count": 2}])
+def test_repetition_detection_vllm_would_refuse_is_a_400(service: FakeService, wanted: dict[str, int]) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "repetition_detection": wanted})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("repetition_detection"), r.text
+
+
+def test_chat_return_prompt_text_shows_the_rendered_prompt(service: FakeService) -> None:
+    reply = _post(service, "/v1/chat/completions", {"messages": CHAT, "return_prompt_text": True}).json()
+    assert reply["prompt_text"] == "user: x\nassistant:"
+    streamed = _post(service, "/v1/chat/completions", {"messages": CHAT, "return_prompt_text": True,
+                                                      "stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert [c.get("prompt_text") for c in chunks][:2] == ["user: x\nassistant:", None]

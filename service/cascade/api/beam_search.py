@@ -38,7 +38,7 @@ def _refused(body: CompletionRequest | ChatCompletionRequest) -> str | None:
         "structured_outputs": body.structured_outputs,
         "response_format": body.response_format and body.response_format.type != "text",
         "prediction": body.prediction, "prompt_logprobs": body.prompt_logprobs,
-        "logprob_token_ids": body.logprob_token_ids,
+        "logprob_token_ids": body.logprob_token_ids, "repetition_detection": body.repetition_detection,
     }
     if isinstance(body, CompletionRequest):
         changed |= {"codec": body.codec, "compression": body.compression}
@@ -155,6 +155,8 @@ async def beam_search_reply(request: Request, body: CompletionRequest | ChatComp
     body_out["choices"] = choices
     if kind == "chat":
         body_out |= {"prompt_token_ids": prompts[0] if body.return_token_ids else None, "prompt_logprobs": None}
+        if getattr(body, "return_prompt_text", False):
+            body_out["prompt_text"] = await asyncio.to_thread(engines.tokenizer.decode, prompts[0])
     metrics.completion_tokens.labels(kind).inc(completion_tokens)
     body_out["usage"] = usage(sum(len(p) for p in prompts), completion_tokens)
     return JSONResponse(body_out)

@@ -49,9 +49,10 @@ async def codec_completion(request: Request, body: CompletionRequest, prompts: l
     if body.prediction is not None or body.n != 1 or len(prompts) != 1 or body.logprobs is not None:
         raise APIError(400, "codec needs a single prompt, n=1, and no prediction or logprobs", param="codec",
                        code="codec_unsupported_request")
-    if body.prompt_logprobs is not None:
-        raise APIError(400, "codec cannot be combined with prompt_logprobs", param="prompt_logprobs",
-                       code="codec_unsupported_request")
+    for field in ("prompt_logprobs", "repetition_detection", "logprob_token_ids"):
+        if getattr(body, field) is not None:
+            raise APIError(400, f"codec cannot be combined with {field}", param=field,
+                           code="codec_unsupported_request")
     for field in ("skip_special_tokens", "spaces_between_special_tokens"):
         if not getattr(body, field):
             raise APIError(400, f"codec replays render text as the engine does by default, so {field} must be "

@@ -112,6 +112,24 @@ class StructuredOutputs(StrictModel):
         return self
 
 
+class RepetitionDetection(StrictModel):
+    """vLLM's ``repetition_detection``: the engine ends a sequence (finish reason ``repetition``) once its
+    last ``n`` tokens, for a pattern size ``n`` in ``min_pattern_size…max_pattern_size``, repeat
+    ``min_count`` times in a row."""
+
+    max_pattern_size: Annotated[int, Field(ge=0, le=256)] = 0
+    min_pattern_size: Annotated[int, Field(ge=0)] = 0
+    min_count: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RepetitionDetection:
+        if self.min_pattern_size > self.max_pattern_size:
+            raise ValueError("min_pattern_size may not exceed max_pattern_size")
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise ValueError("min_count must be at least 2 (a pattern seen once is no repetition)")
+        return self
+
+
 class JsonSchema(StrictModel):
     """OpenAI's ``response_format.json_schema``: a named schema, ``strict`` or not."""
 
@@ -167,6 +185,9 @@ class SamplingFields(StrictModel):
     """The prompt's and each choice's token ids beside the text (vLLM's)."""
     return_tokens_as_token_ids: bool = False
     """Log-probabilities name each token ``token_id:<id>`` (vLLM's), for tokens that are not text alone."""
+    repetition_detection: RepetitionDetection | None = None
+    stream_interval: Annotated[int, Field(ge=1)] | None = None
+    """vLLM's: a stream sends its text every this-many tokens (fewer, larger chunks)."""
     logprob_token_ids: Annotated[list[int], Field(min_length=1, max_length=128)] | None = None
     """vLLM's: the log-probabilities of these tokens at every generated position (needs logprobs)."""
     use_beam_search: bool = False
@@ -346,6 +367,8 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     modalities: list[Literal["text"]] | None = None
+    return_prompt_text: bool = False
+    """vLLM's: the prompt the chat template rendered, as ``prompt_text`` (a stream's first chunk)."""
     include_reasoning: bool = True
     thinking_token_budget: Annotated[int, Field(ge=-1)] | None = None
     """vLLM's reasoning switches: they act on a thinking section, which this service's models do not write

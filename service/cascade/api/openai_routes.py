@@ -99,6 +99,8 @@ class Plan:
     return_token_ids: bool = False
     tokens_as_ids: bool = False
     """vLLM's ``return_tokens_as_token_ids``: logprobs name tokens ``token_id:<id>``."""
+    prompt_text: str | None = None
+    """vLLM's chat ``return_prompt_text``: the rendered prompt, shown once (set when asked for)."""
 
     def observe(self, prompt_index: int, output: Generation) -> None:
         """Remember how many prompt tokens the engine's prefix cache served (reported per prompt), and
@@ -154,6 +156,8 @@ class Plan:
         whole reply names them null when not asked for, as vLLM's does (its clients test ``is None``)."""
         prompt_index = index // self.request.n
         extras: dict[str, Any] = {"prompt_token_ids": None, "prompt_logprobs": None} if nulls else {}
+        if first and self.prompt_text is not None:
+            extras["prompt_text"] = self.prompt_text
         if first and self.return_token_ids:
             extras["prompt_token_ids"] = self.prompts[prompt_index]
         if first and self.prompt_logprobs is not None:
@@ -451,7 +455,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 role=EngineRole.PREDICT if prediction else EngineRole.MAIN, continuous_usage=continuous_usage(body),
                 tokens=get_gateway(request).token_table() if top is not None else None,
                 prompt_logprobs=body.prompt_logprobs, return_token_ids=body.return_token_ids,
-                tokens_as_ids=body.return_tokens_as_token_ids, echo=echo)
+                tokens_as_ids=body.return_tokens_as_token_ids, echo=echo,
+                prompt_text=await asyncio.to_thread(engines.tokenizer.decode, prompt) if body.return_prompt_text
+                else None)
     return await _respond(request, plan, settings, engines, metrics)
 
 

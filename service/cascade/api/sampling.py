@@ -150,7 +150,9 @@ def generation_request(request: SamplingFields, *, max_tokens: int, logprobs: in
         repetition_penalty=request.repetition_penalty, constraint=constraint,
         skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens, prediction=prediction,
-        prompt_logprobs=prompt_logprobs, cache_salt=request.cache_salt,
+        prompt_logprobs=prompt_logprobs, cache_salt=request.cache_salt, stream_interval=request.stream_interval,
+        repetition=None if (r := request.repetition_detection) is None or r.max_pattern_size == 0
+        else (r.max_pattern_size, r.min_pattern_size, r.min_count),
         logprob_token_ids=None if request.logprob_token_ids is None
         else check_token_ids(request.logprob_token_ids, vocab_size, "logprob_token_ids"))
 

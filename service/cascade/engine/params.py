@@ -53,7 +53,7 @@ def _extra_args(request: GenerationRequest) -> dict[str, Any] | None:
 def sampling_params(request: GenerationRequest, vocab_size: int) -> SamplingParams:
     """Build vLLM's parameters; raises ``EngineRequestError`` for what vLLM refuses."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.sampling_params import RepetitionDetectionParams, RequestOutputKind, StructuredOutputsParams
 
     exporting = request.export_top_k is not None
     kwargs: dict[str, Any] = {
@@ -77,6 +77,10 @@ def sampling_params(request: GenerationRequest, vocab_size: int) -> SamplingPara
         "skip_special_tokens": request.skip_special_tokens,
         "spaces_between_special_tokens": request.spaces_between_special_tokens,
         "prompt_logprobs": None if exporting else request.prompt_logprobs,
+        "stream_interval": request.stream_interval,
+        "repetition_detection": None if request.repetition is None else RepetitionDetectionParams(
+            max_pattern_size=request.repetition[0], min_pattern_size=request.repetition[1],
+            min_count=request.repetition[2]),
     }
     optional = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
                 "min_p": request.min_p, "presence_penalty": request.presence_penalty,
