@@ -116,8 +116,8 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     metrics.prompt_tokens.labels("export").inc(prompt_tokens)
     if body.stream and not accepts(request, OCTET):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _sse(engines, prompts, export, k, (rid, reply_id(request)), int(time.time()), settings, table,
-                      metrics, include_usage)
+        events = _sse(engines, prompts, export, k, rid, int(time.time()), settings, table, metrics, include_usage,
+                      reply_id(request))
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
     tasks = [asyncio.ensure_future(engines.export(p, export, f"{rid}-{i}")) for i, p in enumerate(prompts)]
     try:
@@ -133,14 +133,14 @@ async def export_completion(request: Request, body: CompletionRequest, prompts: 
     return StreamingResponse(_json(tasks, k, head, usage, table, metrics), media_type="application/json")
 
 
-async def _sse(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest, k: int,
-               ids: tuple[str, str], created: int, settings: Settings, table: TokenTable, metrics: Metrics,
-               include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(engines: EngineManager, prompts: list[list[int]], export: GenerationRequest, k: int, rid: str,
+               created: int, settings: Settings, table: TokenTable, metrics: Metrics,
+               include_usage: bool, shown_id: str | None = None) -> AsyncIterator[bytes]:
     """One event per ``STREAM_BATCH`` positions, each rendered off the event loop (as ``_json`` does):
     a batch of 64 positions × 1,024 values is tens of milliseconds of Python, and rendered on the loop
     a whole document stalled every other request for seconds, most of all once its client had gone
     (writes then return at once, so nothing paced the rendering)."""
-    rid, shown = ids  # the engine requests' base id, the reply's
+    shown = shown_id or rid  # the reply's id (vLLM's request_id); engine requests derive from rid
     async for index, positions in merge(_streams(engines, prompts, export, rid)):
         metrics.export_positions.inc(len(positions))
         for start in range(0, max(len(positions), 1), STREAM_BATCH):
