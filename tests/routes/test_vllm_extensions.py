@@ -456,3 +456,15 @@ def test_chat_return_prompt_text_shows_the_rendered_prompt(service: FakeService)
                                                       "stream": True})
     chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
     assert [c.get("prompt_text") for c in chunks][:2] == ["user: x\nassistant:", None]
+
+
+def test_tools_sent_with_tool_choice_none_reach_a_template_that_reads_them(service: FakeService,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    tokenizer = service.engines.tokenizer
+    _post(service, "/v1/chat/completions", {"messages": CHAT, "tools": tools, "tool_choice": "none"})
+    assert "tools" not in tokenizer.template_options  # type: ignore[attr-defined]
+    monkeypatch.setattr(tokenizer, "chat_template", tokenizer.chat_template + "{{ tools }}")
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "tools": tools, "tool_choice": "none"})
+    assert r.status_code == 200, r.text
+    assert tokenizer.template_options["tools"] == tools  # type: ignore[attr-defined]

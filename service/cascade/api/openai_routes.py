@@ -433,7 +433,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     rendered = await chat_prompt_from_messages(
         engines, body.messages, text_bound(keep, settings.max_model_len, settings.max_tokenize_chars),
         add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
-        template_kwargs=body.chat_template_kwargs, add_special_tokens=body.add_special_tokens)
+        template_kwargs=body.chat_template_kwargs, add_special_tokens=body.add_special_tokens, tools=body.tools)
     [prompt] = truncated([rendered], keep, settings.max_model_len, body.truncation_side,
                          body.max_completion_tokens or body.max_tokens)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

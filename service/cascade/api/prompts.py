@@ -188,14 +188,19 @@ def _template_options(chat: list[ChatMessage], add_generation_prompt: bool, cont
 async def chat_prompt_from_messages(engines: EngineManager, chat: list[ChatMessage], max_len: int, *,
                                     add_generation_prompt: bool = True, continue_final_message: bool = False,
                                     template_kwargs: dict[str, Any] | None = None,
-                                    add_special_tokens: bool = False) -> list[int]:
+                                    add_special_tokens: bool = False,
+                                    tools: list[dict[str, object]] | None = None) -> list[int]:
     """Render messages with the model's chat template, then tokenise (refused first when the
     messages alone cannot fit in ``max_len`` tokens). ``template_kwargs`` (vLLM's
-    ``chat_template_kwargs``) reach the template as variables, e.g. a template's ``enable_thinking``."""
+    ``chat_template_kwargs``) reach the template as variables, e.g. a template's ``enable_thinking``.
+    ``tools`` (sent with ``tool_choice: "none"``) reach a template that reads them, as vLLM renders
+    them: the model sees what it may not call."""
     if not getattr(engines.tokenizer, "chat_template", None):
         raise APIError(400, "this model has no chat template, so chat messages cannot be rendered; use "
                             "/v1/completions with a prompt", param="messages", code="no_chat_template")
     options = _template_options(chat, add_generation_prompt, continue_final_message, template_kwargs)
+    if tools and "tools" in str(engines.tokenizer.chat_template):
+        options["tools"] = tools
     messages = _template_messages(engines.tokenizer, chat)
     check_fits(sum(len(m["content"]) for m in messages), max_len, engines.tokenizer, "messages")
     try:
