@@ -468,3 +468,27 @@ def test_tools_sent_with_tool_choice_none_reach_a_template_that_reads_them(servi
     r = _post(service, "/v1/chat/completions", {"messages": CHAT, "tools": tools, "tool_choice": "none"})
     assert r.status_code == 200, r.text
     assert tokenizer.template_options["tools"] == tools  # type: ignore[attr-defined]
+
+
+def test_a_reply_names_vllms_message_fields_null_and_takes_them_back_as_history(service: FakeService) -> None:
+    reply = _post(service, "/v1/chat/completions", {"messages": CHAT}).json()
+    message = reply["choices"][0]["message"]
+    assert {k: message[k] for k in ("refusal", "annotations", "audio", "function_call", "reasoning")} == \
+        dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning"))
+    history = [*CHAT, message, {"role": "user", "content": "again"}]
+    assert _post(service, "/v1/chat/completions", {"messages": history}).status_code == 200
+
+
+def test_an_assistant_turns_reasoning_reaches_the_template(service: FakeService, monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    seen: list[list[dict[str, Any]]] = []
+    tokenizer = service.engines.tokenizer
+    original = tokenizer.apply_chat_template
+    monkeypatch.setattr(tokenizer, "apply_chat_template",
+                        lambda messages, **kw: seen.append(messages) or original(messages, **kw))
+    history = [*CHAT, {"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+               {"role": "user", "content": "and 3+3?"}]
+    assert _post(service, "/v1/chat/completions", {"messages": history}).status_code == 200
+    assert seen[-1][1]["reasoning_content"] == "2+2"
+    r = _post(service, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "reasoning": "y"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.reasoning", r.text

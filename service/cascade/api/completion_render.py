@@ -213,6 +213,11 @@ def envelope(kind: Kind, rid: str, model: str, chunk: bool, created: int) -> dic
     return {"id": f"{prefix}-{rid}", "object": obj, "created": created, "model": model, "system_fingerprint": None}
 
 
+REPLY_MESSAGE_NULLS = ("refusal", "annotations", "audio", "function_call", "reasoning")
+"""A reply message's fields this model never fills, null as vLLM's replies name them (the SDK's
+``message.model_dump()`` sends them back as history, which ``ChatMessage`` accepts)."""
+
+
 def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,
                 *, chunk: bool, first: bool = False, stop_reason: int | str | None = None) -> dict[str, Any]:
     """One choice: a chat message or delta (``first`` delta carries the role), or a completion's text.
@@ -225,7 +230,8 @@ def choice_body(kind: Kind, index: int, text: str, logprobs: dict[str, Any] | No
         if first:
             delta["role"] = "assistant"
         return {"index": index, "delta": delta, "logprobs": logprobs, **ending}
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, **ending}
+    message = {"role": "assistant", "content": text, **dict.fromkeys(REPLY_MESSAGE_NULLS)}
+    return {"index": index, "message": message, "logprobs": logprobs, **ending}
 
 
 def continuous_usage(request: SamplingFields) -> bool:

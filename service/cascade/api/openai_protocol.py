@@ -316,7 +316,8 @@ class ChatMessage(StrictModel):
     """A message as OpenAI's chat API takes it, and as the SDK sends back an earlier reply
     (``message.model_dump()`` holds ``annotations``, ``audio`` and ``function_call``, null or empty):
     ``annotations`` (citations of a reply) are accepted and do not reach the template; an ``audio``
-    reply or a deprecated ``function_call`` is refused by name (``prompts``)."""
+    reply or a deprecated ``function_call`` is refused by name (``prompts``). vLLM's ``reasoning``
+    is null in this service's own replies."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | RefusalPart | MediaPart] | None = None
@@ -327,6 +328,10 @@ class ChatMessage(StrictModel):
     annotations: list[dict[str, Any]] | None = None
     audio: dict[str, Any] | None = None
     function_call: dict[str, Any] | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    """An earlier assistant turn's reasoning, as vLLM's reasoning parsers return it (either name):
+    it reaches the chat template as ``reasoning_content``, which templates of thinking models read."""
 
     def media(self) -> str | None:
         """The type of the first non-text content part, if any."""

@@ -126,6 +126,9 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
         if message.audio is not None:
             raise APIError(400, "audio replies are not supported: this model reads text only",
                            param=f"messages.{i}.audio", code="unsupported_content")
+        thought = message.reasoning if message.reasoning is not None else message.reasoning_content
+        if thought is not None and message.role != "assistant":
+            raise APIError(400, "only assistant messages carry reasoning", param=f"messages.{i}.reasoning")
         if message.function_call is not None:
             raise APIError(400, "function_call (deprecated) is not supported: replay the call as tool_calls",
                            param=f"messages.{i}.function_call", code="unsupported_parameter")
@@ -154,6 +157,8 @@ def _template_messages(tokenizer: Any, chat: list[ChatMessage]) -> list[dict[str
                 rendered["content"] = "\n".join(filter(None, [rendered["content"], *lines]))
         if message.tool_call_id is not None and "tool_call_id" in template:
             rendered["tool_call_id"] = message.tool_call_id
+        if thought:
+            rendered["reasoning_content"] = thought
         messages.append(rendered)
     return messages
 
