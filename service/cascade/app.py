@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from cascade import __version__
-from cascade.api import codec_routes, kcbs_routes, openai_routes, ops_routes
+from cascade.api import codec_routes, kcbs_routes, openai_routes, ops_routes, responses_routes
 from cascade.api.errors import install_error_handlers
 from cascade.api.middleware import GatewayMiddleware
 from cascade.lifecycle import Gateway
@@ -30,10 +30,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Cascade", version=__version__, lifespan=lifespan, redirect_slashes=False)
     app.state.gateway = gateway
+    app.state.responses = responses_routes.ResponseStore(gateway.settings.max_stored_responses)
     install_error_handlers(app)
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(openai_routes.vllm_paths)
+    app.include_router(responses_routes.router)
     app.include_router(kcbs_routes.router)
     app.include_router(codec_routes.router)
     app.add_middleware(GatewayMiddleware, settings=gateway.settings, metrics=gateway.metrics,

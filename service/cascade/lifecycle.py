@@ -4,6 +4,7 @@ k-CBS searches. Routes reach it through ``api.deps``; nothing else is kept on ``
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -32,6 +33,12 @@ class CodecState(StrEnum):
     READY = "ready"
     UNSUPPORTED = "unsupported"
     FAILED = "failed"
+
+
+def _import_grammar_compiler() -> None:
+    """Import xgrammar (it compiles JSON schemas in the gateway, ``api.structured``) while the engines
+    start: the import takes seconds, which the first request with a schema would otherwise wait."""
+    importlib.import_module("xgrammar")
 
 
 @dataclass
@@ -99,6 +106,7 @@ class Gateway:
     def start(self) -> None:
         """Start engines, watchdogs and the codec in the background (the server answers meanwhile)."""
         self._tasks.append(asyncio.create_task(self._start_all()))
+        self._tasks.append(asyncio.create_task(asyncio.to_thread(_import_grammar_compiler)))
 
     async def stop(self) -> None:
         """Cancel background work, close the codec runners and stop the engines."""

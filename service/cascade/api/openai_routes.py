@@ -173,13 +173,13 @@ class Plan:
         return extras
 
 
-def _engine_streams(engines: EngineManager, plan: Plan, rid: str) -> list[AsyncIterator[Generation]]:
+def engine_streams(engines: EngineManager, plan: Plan, rid: str) -> list[AsyncIterator[Generation]]:
     return [engines.generate(prompt, plan.request, f"{rid}-{i}", plan.role) for i, prompt in enumerate(plan.prompts)]
 
 
-async def _run(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice]:
+async def run_plan(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Choice]:
     choices: dict[int, Choice] = {}
-    async for prompt_index, output in merge(_engine_streams(engines, plan, rid)):
+    async for prompt_index, output in merge(engine_streams(engines, plan, rid)):
         plan.observe(prompt_index, output)
         for delta in map(plan.shown, output.completions):
             plan.check_failed(delta)
@@ -205,10 +205,10 @@ async def _respond(request: Request, plan: Plan, settings: Settings, engines: En
     started = time.monotonic()
     created = int(time.time())
     if plan.stream:
-        outputs = await primed(request, merge(_engine_streams(engines, plan, rid)))
+        outputs = await primed(request, merge(engine_streams(engines, plan, rid)))
         events = _stream(plan, outputs, reply_id(request), created, started, settings, metrics, prompt_tokens)
         return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS)
-    choices = await until_disconnect(request, lambda: _run(engines, plan, rid))
+    choices = await until_disconnect(request, lambda: run_plan(engines, plan, rid))
     metrics.ttft.labels(plan.kind).observe(time.monotonic() - started)
     completion_tokens = sum(c.tokens for c in choices.values())
     metrics.completion_tokens.labels(plan.kind).inc(completion_tokens)
@@ -424,6 +424,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                            settings: Settings = Depends(get_settings),
                            engines: EngineManager = Depends(get_engines),
                            metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
+    plan = await chat_plan(body, request, settings, engines)
+    if isinstance(plan, JSONResponse):
+        return plan
+    return await _respond(request, plan, settings, engines, metrics)
+
+
+async def chat_plan(body: ChatCompletionRequest, request: Request, settings: Settings,
+                    engines: EngineManager) -> Plan | JSONResponse:
+    """Everything a chat completion runs, from its checks to the engine request (the Responses API runs it
+    too); a beam search is answered whole."""
     check_model(body.model, settings)
     unsupported_fields(body)
     check_words(body, settings)
@@ -458,7 +468,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 tokens_as_ids=body.return_tokens_as_token_ids, echo=echo,
                 prompt_text=await asyncio.to_thread(engines.tokenizer.decode, prompt) if body.return_prompt_text
                 else None)
-    return await _respond(request, plan, settings, engines, metrics)
+    return plan
 
 
 # HEAD wherever a probe GETs (load balancers probe with HEAD); kept out of the schema, whose

@@ -1,0 +1,371 @@
+"""OpenAI's Responses API (``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``): what the
+SDK's ``client.responses.create`` and ``.parse`` send, run as the chat completion it amounts to
+(``openai_routes.chat_plan``), answered as a response object or its stream of typed events.
+
+A stored response (``store``, true by default as in OpenAI's) keeps its conversation, so a later
+request continues it with ``previous_response_id``; the store is this process's memory, bounded by
+``max_stored_responses`` (the oldest go first)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ConfigDict, Field, ValidationError
+
+from cascade.api.completion_render import Choice, render_logprobs
+from cascade.api.deps import get_engines, get_gateway, get_settings, request_id
+from cascade.api.errors import APIError
+from cascade.api.openai_protocol import ChatCompletionRequest, StrictModel
+from cascade.api.openai_routes import Plan, chat_plan, engine_streams, run_plan
+from cascade.api.streaming import SSE_HEADERS, error_payload, merge, primed, sse_event, until_disconnect
+from cascade.engine.manager import EngineManager
+from cascade.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["responses"])
+
+
+class TextPart(StrictModel):
+    """A message's text: ``input_text``, or ``output_text`` / ``refusal`` of an earlier reply sent back
+    (the SDK's ``response.output`` items carry annotations and logprobs, which are not read)."""
+
+    type: Literal["input_text", "output_text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(StrictModel):
+    """An input item of type ``message``, or an earlier output message sent back."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or part.refusal or "" for part in self.content)
+
+
+class TextFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    description: str | None = None
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class TextConfig(StrictModel):
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None
+    """Only the default: this model has no verbosity setting."""
+
+
+class StreamOptions(StrictModel):
+    include_obfuscation: bool | None = None
+
+
+class ResponsesRequest(StrictModel):
+    """What ``client.responses.create`` sends. Tools, reasoning and background runs would change the
+    result and this model has none of them: a 400 naming the field."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    include: list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    text: TextConfig | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    parallel_tool_calls: bool | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[dict[str, Any]] | None = None
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+@dataclass
+class Stored:
+    """A stored response: its conversation (chat messages, instructions left out: OpenAI does not carry
+    them over) and its body."""
+
+    messages: list[dict[str, Any]]
+    body: dict[str, Any]
+
+
+class ResponseStore:
+    """The stored responses of this process, oldest dropped first past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+
+    def get(self, response_id: str) -> Stored | None:
+        return self._items.get(response_id)
+
+    def put(self, response_id: str, stored: Stored) -> None:
+        if self.limit <= 0:
+            return
+        self._items[response_id] = stored
+        while len(self._items) > self.limit:
+            self._items.popitem(last=False)
+
+    def delete(self, response_id: str) -> bool:
+        return self._items.pop(response_id, None) is not None
+
+
+def _store(request: Request) -> ResponseStore:
+    """The app's store (``create_app`` makes it)."""
+    store: ResponseStore = request.app.state.responses
+    return store
+
+
+def _refuse(body: ResponsesRequest) -> None:
+    if body.tools:
+        raise APIError(400, "tools are not supported by this model", param="tools", code="unsupported_parameter")
+    if body.reasoning and any(v is not None for v in body.reasoning.values()):
+        raise APIError(400, "reasoning is not supported by this model: it has no reasoning setting",
+                       param="reasoning", code="unsupported_parameter")
+    if body.background:
+        raise APIError(400, "background responses are not supported: send the request and wait, or stream it",
+                       param="background", code="unsupported_parameter")
+    for item in body.include or []:
+        if item != LOGPROBS_INCLUDE:
+            raise APIError(400, f"include may only name {LOGPROBS_INCLUDE!r} here (this model has no tools, "
+                                "images or reasoning)", param="include", code="unsupported_parameter")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+
+def _input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    if isinstance(body.input, str):
+        return [{"role": "user", "content": body.input}]
+    messages = []
+    for i, item in enumerate(body.input):
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise APIError(400, f"input items of type {kind!r} are not supported: this model reads messages "
+                                "of text", param=f"input.{i}.type", code="unsupported_content")
+        try:
+            message = InputMessage.model_validate(item)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise APIError(400, f"input.{i}.{where}: {first['msg']}", param=f"input.{i}.{where}") from None
+        messages.append({"role": message.role, "content": message.text()})
+    if not messages:
+        raise APIError(400, "input must hold at least one message", param="input")
+    return messages
+
+
+def _response_format(body: ResponsesRequest) -> dict[str, Any] | None:
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None or fmt.type != "json_schema":
+        return None if fmt is None else {"type": fmt.type}
+    if fmt.name is None or fmt.schema_ is None:
+        raise APIError(400, "text.format of type json_schema needs a name and a schema", param="text.format")
+    return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict,
+                                                   "description": fmt.description}}
+
+
+_CHAT_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+def _as_responses_error(error: APIError) -> APIError:
+    """A chat completion's error in the Responses API's words (its fields have other names)."""
+    param = error.param
+    message = error.message
+    for chat_name, name in _CHAT_NAMES.items():
+        message = message.replace(chat_name, name)
+        if param is not None and (param == chat_name or param.startswith(chat_name + ".")):
+            param = name + param[len(chat_name):]
+    return APIError(error.status, message, param=param, code=error.code)
+
+
+def _chat_request(body: ResponsesRequest, history: list[dict[str, Any]], messages: list[dict[str, Any]]
+                  ) -> ChatCompletionRequest:
+    instructions = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    logprobs = body.top_logprobs is not None or LOGPROBS_INCLUDE in (body.include or [])
+    return ChatCompletionRequest.model_validate({
+        "model": body.model, "messages": [*instructions, *history, *messages],
+        "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
+        "user": body.user, "response_format": _response_format(body), "stream": body.stream,
+        "logprobs": logprobs, "top_logprobs": (body.top_logprobs or 0) if logprobs else None,
+        "truncate_prompt_tokens": -1 if body.truncation == "auto" else None,
+    })
+
+
+def _usage(plan: Plan, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {"input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": sum(plan.cached_tokens.values())},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + output_tokens}
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def _message(rid: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": f"msg_{rid}", "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
+    if finish_reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    return "completed", None
+
+
+def _body(rid: str, created: int, request: ResponsesRequest, settings: Settings, *, status: str,
+          output: list[dict[str, Any]], usage: dict[str, Any] | None,
+          incomplete: dict[str, str] | None = None) -> dict[str, Any]:
+    fmt = request.text.format if request.text is not None and request.text.format is not None else None
+    return {
+        "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "error": None,
+        "incomplete_details": incomplete, "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens, "model": settings.model_name, "output": output,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id, "reasoning": {"effort": None, "summary": None},
+        "store": request.store, "temperature": request.temperature, "top_p": request.top_p,
+        "top_logprobs": request.top_logprobs,
+        "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+        "tool_choice": request.tool_choice or "auto", "tools": [], "truncation": request.truncation or "disabled",
+        "usage": usage, "user": request.user, "metadata": request.metadata or {}, "background": False,
+        "service_tier": request.service_tier or "default",
+    }
+
+
+@router.post("/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request, settings: Settings = Depends(get_settings),
+                          engines: EngineManager = Depends(get_engines)) -> JSONResponse | StreamingResponse:
+    _refuse(body)
+    store = _store(request)
+    history: list[dict[str, Any]] = []
+    if body.previous_response_id is not None:
+        previous = store.get(body.previous_response_id)
+        if previous is None:
+            raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found (responses "
+                                "are kept in this server's memory, the oldest dropped past max_stored_responses)",
+                           param="previous_response_id", code="previous_response_not_found")
+        history = previous.messages
+    messages = _input_messages(body)
+    try:
+        plan = await chat_plan(_chat_request(body, history, messages), request, settings, engines)
+    except APIError as error:
+        raise _as_responses_error(error) from None
+    assert isinstance(plan, Plan)  # a chat request built here never asks for a beam search
+    rid = request_id(request)
+    created = int(time.time())
+    prompt_tokens = len(plan.prompts[0])
+    get_gateway(request).metrics.prompt_tokens.labels("responses").inc(prompt_tokens)
+
+    def keep(text: str, response: dict[str, Any]) -> None:
+        if body.store:
+            store.put(response["id"], Stored([*history, *messages, {"role": "assistant", "content": text}], response))
+
+    if body.stream:
+        outputs = await primed(request, merge(engine_streams(engines, plan, rid)))
+        events = _events(body, plan, outputs, rid, created, settings, prompt_tokens, keep)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    choices = await until_disconnect(request, lambda: run_plan(engines, plan, rid))
+    choice = choices.get(0, Choice())
+    status, incomplete = _status(choice.finish_reason)
+    logprobs = render_logprobs("chat", choice.logprobs, 0, choice.characters)["content"] \
+        if plan.top_logprobs is not None else []
+    response = _body(rid, created, body, settings, status=status, incomplete=incomplete,
+                     output=[_message(rid, status, [_text_part(choice.text, logprobs)])],
+                     usage=_usage(plan, prompt_tokens, choice.tokens))
+    keep(choice.text, response)
+    get_gateway(request).metrics.completion_tokens.labels("responses").inc(choice.tokens)
+    return JSONResponse(response)
+
+
+async def _events(body: ResponsesRequest, plan: Plan, outputs: AsyncIterator[tuple[int, Any]], rid: str,
+                  created: int, settings: Settings, prompt_tokens: int,
+                  keep: Callable[[str, dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+    """The Responses API's stream: the response created and in progress, its message and text part
+    added, the text in deltas, then each done, then the response completed (or incomplete)."""
+    sequence = 0
+
+    def event(kind: str, **fields: Any) -> bytes:
+        nonlocal sequence
+        payload = {"type": kind, "sequence_number": sequence, **fields}
+        sequence += 1
+        return sse_event(kind, payload)
+
+    item_id = f"msg_{rid}"
+    place = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    head = _body(rid, created, body, settings, status="in_progress", output=[], usage=None)
+    yield event("response.created", response=head)
+    yield event("response.in_progress", response=head)
+    yield event("response.output_item.added", output_index=0, item=_message(rid, "in_progress", []))
+    yield event("response.content_part.added", part=_text_part("", []), **place)
+    choice = Choice()
+    try:
+        async for _, output in outputs:
+            plan.observe(0, output)
+            for delta in output.completions:
+                plan.check_failed(delta)
+                before = len(choice.logprobs)
+                choice.add(delta, plan.top_logprobs, "chat", plan.tokens)
+                logprobs = choice.logprobs[before:] if plan.top_logprobs is not None else []
+                if delta.text or logprobs:
+                    yield event("response.output_text.delta", delta=delta.text, logprobs=logprobs, **place)
+    except Exception as exc:  # after the 200: the failure is an event, as OpenAI streams it
+        error = error_payload(exc)["error"]
+        yield event("error", code=error["code"], message=error["message"], param=error["param"])
+        return
+    finally:  # a client that left: closing the engine streams aborts them
+        if isinstance(outputs, AsyncGenerator):
+            await outputs.aclose()
+    status, incomplete = _status(choice.finish_reason)
+    part = _text_part(choice.text, choice.logprobs if plan.top_logprobs is not None else [])
+    yield event("response.output_text.done", text=choice.text, logprobs=part["logprobs"], **place)
+    yield event("response.content_part.done", part=part, **place)
+    item = _message(rid, status, [part])
+    yield event("response.output_item.done", output_index=0, item=item)
+    response = _body(rid, created, body, settings, status=status, incomplete=incomplete, output=[item],
+                     usage=_usage(plan, prompt_tokens, choice.tokens))
+    keep(choice.text, response)
+    yield event("response.completed" if status == "completed" else "response.incomplete", response=response)
+
+
+@router.get("/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> dict[str, Any]:
+    stored = _store(request).get(response_id)
+    if stored is None:
+        raise APIError(404, f"No response found with id '{response_id}'", param="response_id", code="not_found")
+    return stored.body
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    if not _store(request).delete(response_id):
+        raise APIError(404, f"No response found with id '{response_id}'", param="response_id", code="not_found")
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
