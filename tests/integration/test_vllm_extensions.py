@@ -227,3 +227,30 @@ def test_repetition_detection_ends_a_looping_completion(openai_client) -> None:
     assert cut.choices[0].finish_reason == "repetition"
     assert cut.usage.completion_tokens < 120
     assert looping.choices[0].text.startswith(cut.choices[0].text)
+
+
+def test_the_responses_api_answers_the_sdk_and_continues_a_conversation(openai_client) -> None:
+    first = openai_client.responses.create(model=MODEL, input="def add(a, b):", max_output_tokens=12,
+                                           temperature=0)
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "def add(a, b):"}],
+                                                 max_tokens=12, temperature=0)
+    assert first.output_text == chat.choices[0].message.content
+    assert first.usage.input_tokens == chat.usage.prompt_tokens
+    follow = openai_client.responses.create(model=MODEL, input="and sub?", previous_response_id=first.id,
+                                            max_output_tokens=4, temperature=0)
+    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    streamed = list(openai_client.responses.create(model=MODEL, input="def add(a, b):", max_output_tokens=12,
+                                                   temperature=0, stream=True))
+    assert "".join(e.delta for e in streamed if e.type == "response.output_text.delta") == first.output_text
+
+
+def test_responses_parse_gives_a_typed_object(openai_client) -> None:
+    from pydantic import BaseModel
+
+    class Point(BaseModel):
+        x: int
+        y: int
+
+    parsed = openai_client.responses.parse(model=MODEL, input="A point:", text_format=Point, max_output_tokens=40,
+                                           temperature=0)
+    assert isinstance(parsed.output_parsed, Point)
