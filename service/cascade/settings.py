@@ -56,7 +56,7 @@ class Settings(BaseSettings):
         None, gt=0.0, le=0.98, description="Memory fraction of the prediction engine (default: memory_fraction)."
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
-    max_stored_responses: int = Field(
+    stored_responses: int = Field(
         1024, ge=0, description="Responses API responses kept in memory for `previous_response_id` and "
         "`GET /v1/responses/{id}` (the oldest dropped first; 0: none kept)."
     )

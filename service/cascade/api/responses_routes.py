@@ -4,7 +4,7 @@ SDK's ``client.responses.create`` and ``.parse`` send, run as the chat completio
 
 A stored response (``store``, true by default as in OpenAI's) keeps its conversation, so a later
 request continues it with ``previous_response_id``; the store is this process's memory, bounded by
-``max_stored_responses`` (the oldest go first)."""
+``stored_responses`` (the oldest go first)."""
 
 from __future__ import annotations
 
@@ -271,7 +271,7 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
         previous = store.get(body.previous_response_id)
         if previous is None:
             raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found (responses "
-                                "are kept in this server's memory, the oldest dropped past max_stored_responses)",
+                                "are kept in this server's memory, the oldest dropped past stored_responses)",
                            param="previous_response_id", code="previous_response_not_found")
         history = previous.messages
     messages = _input_messages(body)
