@@ -56,9 +56,10 @@ class Settings(BaseSettings):
         None, gt=0.0, le=0.98, description="Memory fraction of the prediction engine (default: memory_fraction)."
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
-    stored_responses: int = Field(
-        1024, ge=0, description="Responses API responses kept in memory for `previous_response_id` and "
-        "`GET /v1/responses/{id}` (the oldest dropped first; 0: none kept)."
+    stored_responses_bytes: int = Field(
+        64 << 20, ge=0, description="Characters of Responses API responses (each with its whole conversation) "
+        "kept in memory for `previous_response_id` and `GET /v1/responses/{id}` (the oldest dropped first; 0: "
+        "none kept)."
     )
     prediction_response_cache_tokens: int = Field(
         32768, ge=0, description="Tokens of earlier responses to `prediction` requests kept by the prediction engine "

@@ -3,11 +3,12 @@ SDK's ``client.responses.create`` and ``.parse`` send, run as the chat completio
 (``openai_routes.chat_plan``), answered as a response object or its stream of typed events.
 
 A stored response (``store``, true by default as in OpenAI's) keeps its conversation, so a later
-request continues it with ``previous_response_id``; the store is this process's memory, bounded by
-``stored_responses`` (the oldest go first)."""
+request continues it with ``previous_response_id``; the store is this process's memory, bounded in
+bytes by ``stored_responses_bytes`` (the oldest go first)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -118,26 +119,41 @@ class Stored:
     messages: list[dict[str, Any]]
     body: dict[str, Any]
 
+    def size(self) -> int:
+        """What it holds, in characters of text and JSON (each response keeps its whole conversation)."""
+        return sum(len(m["content"]) for m in self.messages) + len(json.dumps(self.body))
+
 
 class ResponseStore:
-    """The stored responses of this process, oldest dropped first past ``limit``."""
+    """The stored responses of this process, the oldest dropped first while they hold more than
+    ``budget`` characters (a conversation continued with ``truncation: "auto"`` grows past the context,
+    and each response keeps all of it); one larger than the budget is not kept."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
 
     def get(self, response_id: str) -> Stored | None:
-        return self._items.get(response_id)
+        entry = self._items.get(response_id)
+        return None if entry is None else entry[0]
 
     def put(self, response_id: str, stored: Stored) -> None:
-        if self.limit <= 0:
+        size = stored.size()
+        if size > self.budget:
             return
-        self._items[response_id] = stored
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
+        self.delete(response_id)
+        self._items[response_id] = (stored, size)
+        self.held += size
+        while self.held > self.budget:
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.held -= dropped
 
     def delete(self, response_id: str) -> bool:
-        return self._items.pop(response_id, None) is not None
+        entry = self._items.pop(response_id, None)
+        if entry is not None:
+            self.held -= entry[1]
+        return entry is not None
 
 
 def _store(request: Request) -> ResponseStore:
@@ -271,7 +287,7 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
         previous = store.get(body.previous_response_id)
         if previous is None:
             raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found (responses "
-                                "are kept in this server's memory, the oldest dropped past stored_responses)",
+                                "are kept in this server's memory, the oldest dropped past stored_responses_bytes)",
                            param="previous_response_id", code="previous_response_not_found")
         history = previous.messages
     messages = _input_messages(body)
