@@ -30,7 +30,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Cascade", version=__version__, lifespan=lifespan, redirect_slashes=False)
     app.state.gateway = gateway
-    app.state.responses = responses_routes.ResponseStore(gateway.settings.stored_responses_bytes)
     install_error_handlers(app)
     app.include_router(ops_routes.router)
     app.include_router(openai_routes.router)

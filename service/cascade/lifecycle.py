@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from cascade.api.response_store import ResponseStore
 from cascade.codec.container import Limits
 from cascade.codec.pipeline import CodecPipeline, CodecUnavailableError
 from cascade.engine.manager import EngineManager
@@ -68,6 +69,8 @@ class Gateway:
     codec: CodecPipeline = field(init=False)
     codec_status: CodecStatus = field(default_factory=CodecStatus)
     live_searches: set[str] = field(default_factory=set)
+    responses: ResponseStore = field(init=False)
+    """The Responses API's stored responses (``stored_responses_bytes``)."""
     started: asyncio.Event = field(default_factory=asyncio.Event)
     exit_code: int = 0
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -76,6 +79,7 @@ class Gateway:
     def __post_init__(self) -> None:
         s = self.settings
         self.engines = EngineManager(s)
+        self.responses = ResponseStore(s.stored_responses_bytes)
         limits = Limits(max_segments=s.codec_max_segments, max_total_original=s.codec_max_output_bytes,
                         max_context=s.codec_max_context_bytes)
         self.codec = CodecPipeline(s.max_model_len, s.codec_segments_in_flight, limits,

@@ -68,6 +68,9 @@ def test_echo_puts_the_prompt_before_every_beam(service: FakeService) -> None:
     ({"prediction": {"type": "content", "content": "abc"}}, "prediction"),
     ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"), ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"n": 9}, "n"), ({"max_tokens": 300}, "max_tokens"), ({"echo": True, "logprobs": 1}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"), ({"prompt_logprobs": 0}, "prompt_logprobs"),
+    ({"length_penalty": 400}, "length_penalty"), ({"length_penalty": -11}, "length_penalty"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"),
 ])
 def test_what_a_beam_search_cannot_honour_is_a_400_naming_it(service: FakeService, extra: dict[str, Any],
                                                             param: str) -> None:
@@ -87,3 +90,16 @@ def test_chat_beam_search_without_max_tokens_runs_within_the_search_limits(servi
     r = _post(service, "/v1/chat/completions", {"messages": CHAT, "n": 2})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2 * service.gateway.settings.max_kcbs_steps
+
+
+def test_neutral_sampling_values_pass_with_beam_search(service: FakeService) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", "n": 2, "max_tokens": 2, "presence_penalty": 0.0,
+                                           "frequency_penalty": 0, "repetition_penalty": 1.0, "logit_bias": {},
+                                           "stop": [], "min_tokens": 0, "repetition_detection": {}})
+    assert r.status_code == 200, r.text
+
+
+def test_chat_beam_search_top_logprobs_are_bounded_too(service: FakeService) -> None:
+    r = _post(service, "/v1/chat/completions", {"messages": CHAT, "n": 2, "max_tokens": 2, "logprobs": True,
+                                                "top_logprobs": 21})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text

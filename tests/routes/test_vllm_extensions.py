@@ -492,3 +492,21 @@ def test_an_assistant_turns_reasoning_reaches_the_template(service: FakeService,
     assert seen[-1][1]["reasoning_content"] == "2+2"
     r = _post(service, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "reasoning": "y"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.reasoning", r.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("stream_interval", 2**64), ("stream_interval", 10**30),
+                                              ("repetition_detection", {"max_pattern_size": 4, "min_count": 2**64}),
+                                              ("repetition_detection", {"max_pattern_size": 4,
+                                                                        "min_pattern_size": 2**64, "min_count": 2})])
+def test_numbers_past_what_the_engine_can_take_are_a_400(service: FakeService, field: str, value: Any) -> None:
+    r = _post(service, "/v1/completions", {"prompt": "x", field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith(field), r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_text_to_truncate_is_bounded_by_max_tokenize_chars(service: FakeService, path: str) -> None:
+    size = service.gateway.settings.max_tokenize_chars + 1
+    text = "a" * size
+    body = {"messages": [{"role": "user", "content": text}]} if "chat" in path else {"prompt": text}
+    r = _post(service, path, {**body, "truncate_prompt_tokens": 100})
+    assert r.status_code == 400 and str(size) in r.json()["error"]["message"], r.text

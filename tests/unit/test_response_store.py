@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cascade.api.responses_routes import ResponseStore, Stored
+from cascade.api.response_store import ResponseStore, Stored
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -23,29 +23,35 @@ from cascade.kcbs.algorithm import MAX_BEAM_WIDTH
 from cascade.kcbs.beam_search import Beam, BeamSearch
 from cascade.kcbs.driver import run_search
 from cascade.lifecycle import Gateway
+from cascade.settings import Settings
 
 _IGNORED = "temperature, top_p, top_k, min_p, seed"
 """Accepted and without effect, as in vLLM: the search ranks by the model's own log-probabilities."""
 
 
 def _refused(body: CompletionRequest | ChatCompletionRequest) -> str | None:
-    """The first field set that a beam search would not honour (vLLM drops them silently)."""
+    """The first field set to a value that would change the answer and that a beam search does not
+    honour (vLLM drops them silently); neutral values (an empty list, a penalty of no effect) pass."""
     changed = {
-        "stream": body.stream, "stop": body.stop_sequences(), "stop_token_ids": body.stop_token_ids,
-        "logit_bias": body.logit_bias, "allowed_token_ids": body.allowed_token_ids, "bad_words": body.bad_words,
-        "min_tokens": body.min_tokens, "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty, "repetition_penalty": body.repetition_penalty,
-        "structured_outputs": body.structured_outputs,
-        "response_format": body.response_format and body.response_format.type != "text",
-        "prediction": body.prediction, "prompt_logprobs": body.prompt_logprobs,
-        "logprob_token_ids": body.logprob_token_ids, "repetition_detection": body.repetition_detection,
+        "stream": body.stream, "stop": bool(body.stop_sequences()), "stop_token_ids": bool(body.stop_token_ids),
+        "logit_bias": bool(body.logit_bias), "allowed_token_ids": body.allowed_token_ids is not None,
+        "bad_words": bool(body.bad_words), "min_tokens": body.min_tokens > 0,
+        "presence_penalty": body.presence_penalty not in (None, 0.0),
+        "frequency_penalty": body.frequency_penalty not in (None, 0.0),
+        "repetition_penalty": body.repetition_penalty not in (None, 1.0),
+        "structured_outputs": body.structured_outputs is not None,
+        "response_format": body.response_format is not None and body.response_format.type != "text",
+        "prediction": body.prediction is not None, "prompt_logprobs": body.prompt_logprobs is not None,
+        "logprob_token_ids": body.logprob_token_ids is not None,
+        "repetition_detection": (r := body.repetition_detection) is not None and r.max_pattern_size > 0,
     }
     if isinstance(body, CompletionRequest):
-        changed |= {"codec": body.codec, "compression": body.compression}
+        changed |= {"codec": body.codec is not None, "compression": body.compression}
     return next((name for name, value in changed.items() if value), None)
 
 
-def check_beam_search(body: CompletionRequest | ChatCompletionRequest, echo_logprobs: bool, max_n: int) -> None:
+def check_beam_search(body: CompletionRequest | ChatCompletionRequest, echo_logprobs: bool, top_n: int | None,
+                      settings: Settings) -> None:
     """400s for what a beam search cannot take, before any work is done."""
     if (field := _refused(body)) is not None:
         verb = "stream" if field == "stream" else f"take {field}"
@@ -54,8 +60,12 @@ def check_beam_search(body: CompletionRequest | ChatCompletionRequest, echo_logp
     if echo_logprobs:
         raise APIError(400, "use_beam_search cannot take logprobs with echo: the prompt is not scored",
                        param="logprobs")
-    if body.n > min(max_n, MAX_BEAM_WIDTH):
-        raise APIError(400, f"n (the beam width) may be at most {min(max_n, MAX_BEAM_WIDTH)}", param="n")
+    widest = min(settings.max_n, MAX_BEAM_WIDTH)
+    if body.n > widest:
+        raise APIError(400, f"n (the beam width) may be at most {widest}", param="n")
+    if top_n is not None and top_n > settings.max_top_logprobs:
+        field = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+        raise APIError(400, f"{field} may be at most {settings.max_top_logprobs}", param=field)
 
 
 def _budget(body: CompletionRequest | ChatCompletionRequest, prompt_len: int, gateway: Gateway) -> int:
@@ -115,7 +125,7 @@ async def beam_search_reply(request: Request, body: CompletionRequest | ChatComp
     """Search every prompt (concurrently: the engine batches their rows) and answer with ``n`` choices
     per prompt, best first; ``echo`` texts go before each prompt's choices."""
     settings, engines, metrics = gateway.settings, gateway.engines, gateway.metrics
-    check_beam_search(body, echo is not None and top_n is not None, settings.max_n)
+    check_beam_search(body, echo is not None and top_n is not None, top_n, settings)
     steps = [_budget(body, len(p), gateway) for p in prompts]
     searches = [BeamSearch(body.n, s, len(p), engines.eos_token_ids, ignore_eos=body.ignore_eos,
                            length_penalty=body.length_penalty) for p, s in zip(prompts, steps, strict=True)]

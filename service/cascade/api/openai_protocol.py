@@ -118,8 +118,8 @@ class RepetitionDetection(StrictModel):
     ``min_count`` times in a row."""
 
     max_pattern_size: Annotated[int, Field(ge=0, le=256)] = 0
-    min_pattern_size: Annotated[int, Field(ge=0)] = 0
-    min_count: Annotated[int, Field(ge=0)] = 0
+    min_pattern_size: Annotated[int, Field(ge=0, le=256)] = 0
+    min_count: Annotated[int, Field(ge=0, le=1 << 20)] = 0
 
     @model_validator(mode="after")
     def _consistent(self) -> RepetitionDetection:
@@ -186,13 +186,13 @@ class SamplingFields(StrictModel):
     return_tokens_as_token_ids: bool = False
     """Log-probabilities name each token ``token_id:<id>`` (vLLM's), for tokens that are not text alone."""
     repetition_detection: RepetitionDetection | None = None
-    stream_interval: Annotated[int, Field(ge=1)] | None = None
+    stream_interval: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
     """vLLM's: a stream sends its text every this-many tokens (fewer, larger chunks)."""
     logprob_token_ids: Annotated[list[int], Field(min_length=1, max_length=128)] | None = None
     """vLLM's: the log-probabilities of these tokens at every generated position (needs logprobs)."""
     use_beam_search: bool = False
     """vLLM's: ``n`` beams searched by the model's log-probabilities instead of sampling (``beam_search``)."""
-    length_penalty: float = 1.0
+    length_penalty: Annotated[float, Field(ge=-10.0, le=10.0)] = 1.0
     """vLLM's: a beam's score is its log-probability over its length to this power (with use_beam_search)."""
     priority: int = 0
     """vLLM's: only 0 is served (the engine schedules first come, first served)."""

@@ -64,10 +64,17 @@ def truncated(prompts: list[list[int]], keep: int | None, max_model_len: int, si
     return [p[:limit] if side == "right" else p[-limit:] for p in prompts]
 
 
-def text_bound(keep: int | None, max_model_len: int, max_tokenize_chars: int) -> int:
+def text_bound(keep: int | None, max_model_len: int, max_tokenize_chars: int, chars: int = 0,
+               param: str = "prompt") -> int:
     """The most tokens prompt text may need before it is tokenised: the context, or when it is to be
-    truncated, what the tokenizer endpoint accepts (``max_tokenize_chars``)."""
-    return max_model_len if keep is None else max(max_model_len, max_tokenize_chars)
+    truncated, what the tokenizer endpoint accepts (``max_tokenize_chars``: the ``chars`` of text to
+    truncate may not be more, a 400 naming ``param``)."""
+    if keep is None:
+        return max_model_len
+    if chars > max_tokenize_chars:
+        raise APIError(400, f"{param} has {chars} characters; a prompt to truncate may have at most "
+                            f"{max_tokenize_chars} (max_tokenize_chars)", param=param, code="context_length_exceeded")
+    return max(max_model_len, max_tokenize_chars)
 
 
 def echo_texts(value: str | list[Any], prompts: list[list[int]], tokenizer: Any) -> list[str]:

@@ -1,6 +1,6 @@
 """OpenAI's Responses API (``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``): what the
 SDK's ``client.responses.create`` and ``.parse`` send, run as the chat completion it amounts to
-(``openai_routes.chat_plan``), answered as a response object or its stream of typed events.
+(``plans.chat_plan``), answered as a response object or its stream of typed events.
 
 A stored response (``store``, true by default as in OpenAI's) keeps its conversation, so a later
 request continues it with ``previous_response_id``; the store is this process's memory, bounded in
@@ -8,11 +8,8 @@ bytes by ``stored_responses_bytes`` (the oldest go first)."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
@@ -23,7 +20,8 @@ from cascade.api.completion_render import Choice, render_logprobs
 from cascade.api.deps import get_engines, get_gateway, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest, StrictModel
-from cascade.api.openai_routes import Plan, chat_plan, engine_streams, run_plan
+from cascade.api.plans import Plan, chat_plan, engine_streams, run_plan
+from cascade.api.response_store import ResponseStore, Stored
 from cascade.api.streaming import SSE_HEADERS, error_payload, merge, primed, sse_event, until_disconnect
 from cascade.engine.manager import EngineManager
 from cascade.settings import Settings
@@ -111,55 +109,8 @@ class ResponsesRequest(StrictModel):
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
-@dataclass
-class Stored:
-    """A stored response: its conversation (chat messages, instructions left out: OpenAI does not carry
-    them over) and its body."""
-
-    messages: list[dict[str, Any]]
-    body: dict[str, Any]
-
-    def size(self) -> int:
-        """What it holds, in characters of text and JSON (each response keeps its whole conversation)."""
-        return sum(len(m["content"]) for m in self.messages) + len(json.dumps(self.body))
-
-
-class ResponseStore:
-    """The stored responses of this process, the oldest dropped first while they hold more than
-    ``budget`` characters (a conversation continued with ``truncation: "auto"`` grows past the context,
-    and each response keeps all of it); one larger than the budget is not kept."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.held = 0
-        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
-
-    def get(self, response_id: str) -> Stored | None:
-        entry = self._items.get(response_id)
-        return None if entry is None else entry[0]
-
-    def put(self, response_id: str, stored: Stored) -> None:
-        size = stored.size()
-        if size > self.budget:
-            return
-        self.delete(response_id)
-        self._items[response_id] = (stored, size)
-        self.held += size
-        while self.held > self.budget:
-            _, (_, dropped) = self._items.popitem(last=False)
-            self.held -= dropped
-
-    def delete(self, response_id: str) -> bool:
-        entry = self._items.pop(response_id, None)
-        if entry is not None:
-            self.held -= entry[1]
-        return entry is not None
-
-
 def _store(request: Request) -> ResponseStore:
-    """The app's store (``create_app`` makes it)."""
-    store: ResponseStore = request.app.state.responses
-    return store
+    return get_gateway(request).responses
 
 
 def _refuse(body: ResponsesRequest) -> None:
