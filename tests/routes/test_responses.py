@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +106,14 @@ def test_what_this_model_cannot_do_is_a_400_naming_the_field(client: openai.Open
     with pytest.raises(openai.BadRequestError) as info:
         client.post("/responses", body=body, cast_to=dict)
     assert info.value.body["param"].startswith(param), info.value.body  # type: ignore[index]
+
+
+def test_a_stream_that_fails_after_its_200_ends_with_a_numbered_error_event(service: FakeService) -> None:
+    service.engines.fail_after = (2, RuntimeError("boom"))
+    with service.client() as client:
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "x", "max_output_tokens": 6, "stream": True})
+    events = [line for line in r.text.splitlines() if line.startswith(("event:", "data:"))]
+    assert events[-2] == "event: error"
+    last = json.loads(events[-1][5:])
+    numbers = [json.loads(line[5:])["sequence_number"] for line in events if line.startswith("data:")]
+    assert last["type"] == "error" and last["code"] == "internal_error" and numbers == list(range(len(numbers)))

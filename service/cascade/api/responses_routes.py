@@ -22,7 +22,7 @@ from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest, StrictModel
 from cascade.api.plans import Plan, chat_plan, engine_streams, run_plan
 from cascade.api.response_store import ResponseStore, Stored
-from cascade.api.streaming import SSE_HEADERS, error_payload, merge, primed, sse_event, until_disconnect
+from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_event, until_disconnect
 from cascade.engine.manager import EngineManager
 from cascade.settings import Settings
 
@@ -258,8 +258,10 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
 
     if body.stream:
         outputs = await primed(request, merge(engine_streams(engines, plan, rid)))
-        events = _events(body, plan, outputs, rid, created, settings, prompt_tokens, keep)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        numbers = _Numbering()
+        events = _events(body, plan, outputs, rid, created, settings, prompt_tokens, keep, numbers)
+        return StreamingResponse(guarded(events, done=False, event="error", shape=numbers.error),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     choices = await until_disconnect(request, lambda: run_plan(engines, plan, rid))
     choice = choices.get(0, Choice())
     status, incomplete = _status(choice.finish_reason)
@@ -273,18 +275,31 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
     return JSONResponse(response)
 
 
+class _Numbering:
+    """A stream's ``sequence_number``s, shared by its events and the error event ``guarded`` sends."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def take(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    def error(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's error event of a Responses stream, from the error ``guarded`` would send."""
+        error = payload["error"]
+        return {"type": "error", "sequence_number": self.take(), "code": error["code"], "message": error["message"],
+                "param": error["param"]}
+
+
 async def _events(body: ResponsesRequest, plan: Plan, outputs: AsyncIterator[tuple[int, Any]], rid: str,
-                  created: int, settings: Settings, prompt_tokens: int,
-                  keep: Callable[[str, dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+                  created: int, settings: Settings, prompt_tokens: int, keep: Callable[[str, dict[str, Any]], None],
+                  numbers: _Numbering) -> AsyncGenerator[bytes, None]:
     """The Responses API's stream: the response created and in progress, its message and text part
     added, the text in deltas, then each done, then the response completed (or incomplete)."""
-    sequence = 0
 
     def event(kind: str, **fields: Any) -> bytes:
-        nonlocal sequence
-        payload = {"type": kind, "sequence_number": sequence, **fields}
-        sequence += 1
-        return sse_event(kind, payload)
+        return sse_event(kind, {"type": kind, "sequence_number": numbers.take(), **fields})
 
     item_id = f"msg_{rid}"
     place = {"item_id": item_id, "output_index": 0, "content_index": 0}
@@ -304,10 +319,6 @@ async def _events(body: ResponsesRequest, plan: Plan, outputs: AsyncIterator[tup
                 logprobs = choice.logprobs[before:] if plan.top_logprobs is not None else []
                 if delta.text or logprobs:
                     yield event("response.output_text.delta", delta=delta.text, logprobs=logprobs, **place)
-    except Exception as exc:  # after the 200: the failure is an event, as OpenAI streams it
-        error = error_payload(exc)["error"]
-        yield event("error", code=error["code"], message=error["message"], param=error["param"])
-        return
     finally:  # a client that left: closing the engine streams aborts them
         if isinstance(outputs, AsyncGenerator):
             await outputs.aclose()

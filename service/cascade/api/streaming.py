@@ -44,15 +44,19 @@ def error_payload(exc: BaseException, *, type_: str | None = None) -> dict[str, 
     return sse.error_object(status, body["message"], param=body["param"], code=code, type_=type_ or body["type"])
 
 
-def error_event(exc: BaseException, *, event: str | None = None, type_: str | None = None) -> bytes:
-    """``error_payload`` as an event: unnamed (OpenAI-style streams) or named ``event``."""
+def error_event(exc: BaseException, *, event: str | None = None, type_: str | None = None,
+                shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> bytes:
+    """``error_payload`` as an event: unnamed (OpenAI-style streams) or named ``event``; ``shape``
+    recasts the payload for a stream whose error event has another form (the Responses API's)."""
     payload = error_payload(exc, type_=type_)
+    if shape is not None:
+        payload = shape(payload)
     return sse_data(payload) if event is None else sse_event(event, payload)
 
 
 async def guarded(events: AsyncIterator[bytes], *, done: bool = True, event: str | None = None,
-                  type_: str | None = None,
-                  translate: Callable[[Exception], BaseException] | None = None) -> AsyncIterator[bytes]:
+                  type_: str | None = None, translate: Callable[[Exception], BaseException] | None = None,
+                  shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> AsyncIterator[bytes]:
     """Pass a stream's events through; a failure (any ``Exception``, never a cancellation) becomes
     the error event (``error_event``: named ``event``, typed ``type_``, from ``translate(exc)`` when
     given) and ends the stream. With ``done`` (OpenAI-style streams) the stream always ends with
@@ -65,7 +69,7 @@ async def guarded(events: AsyncIterator[bytes], *, done: bool = True, event: str
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        yield error_event(translate(exc) if translate is not None else exc, event=event, type_=type_)
+        yield error_event(translate(exc) if translate is not None else exc, event=event, type_=type_, shape=shape)
     finally:
         if isinstance(events, AsyncGenerator):
             await events.aclose()
