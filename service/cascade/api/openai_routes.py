@@ -26,9 +26,8 @@ from cascade.api.completion_render import (
     render_logprobs,
     stream_flags,
 )
-from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, name_reply, reply_id, request_id
+from cascade.api.deps import get_engines, get_gateway, get_metrics, get_settings, reply_id, request_id
 from cascade.api.errors import APIError
-from cascade.api.input_bounds import check_words
 from cascade.api.input_bounds import tokenize as tokenize_text
 from cascade.api.openai_protocol import (
     ChatCompletionRequest,
@@ -36,7 +35,7 @@ from cascade.api.openai_protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from cascade.api.plans import Plan, chat_plan, engine_streams, run_plan
+from cascade.api.plans import Plan, admit, chat_plan, engine_streams, run_plan
 from cascade.api.predictions import predicted
 from cascade.api.prompts import chat_prompt_from_messages, completion_prompts, echo_texts, text_bound, truncated
 from cascade.api.sampling import (
@@ -47,7 +46,6 @@ from cascade.api.sampling import (
     generation_request,
     resolve_max_tokens,
     shown_alternatives,
-    unsupported_fields,
 )
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_data, until_disconnect
 from cascade.api.structured import output_constraint
@@ -233,11 +231,7 @@ async def detokenize(body: DetokenizeRequest, settings: Settings = Depends(get_s
 async def completions(body: CompletionRequest, request: Request, settings: Settings = Depends(get_settings),
                       engines: EngineManager = Depends(get_engines),
                       metrics: Metrics = Depends(get_metrics)) -> JSONResponse | StreamingResponse:
-    check_model(body.model, settings)
-    unsupported_fields(body)
-    check_words(body, settings)
-    engines.check_ready()
-    name_reply(request, body.request_id)
+    admit(body, request, settings, engines)
     keep = body.truncate_prompt_tokens
     add_special_tokens = body.add_special_tokens if body.add_special_tokens is not None else body.codec is None
     texts = [body.prompt] if isinstance(body.prompt, str) else [p for p in body.prompt if isinstance(p, str)]

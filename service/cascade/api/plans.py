@@ -25,7 +25,7 @@ from cascade.api.completion_render import (
 from cascade.api.deps import get_gateway, name_reply
 from cascade.api.errors import APIError
 from cascade.api.input_bounds import check_words
-from cascade.api.openai_protocol import ChatCompletionRequest
+from cascade.api.openai_protocol import ChatCompletionRequest, CompletionRequest
 from cascade.api.predictions import PredictionUsage, predicted
 from cascade.api.prompts import chat_prompt_from_messages, text_bound, truncated
 from cascade.api.sampling import (
@@ -168,15 +168,22 @@ async def run_plan(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Ch
 
 
 
-async def chat_plan(body: ChatCompletionRequest, request: Request, settings: Settings,
-                    engines: EngineManager) -> Plan | JSONResponse:
-    """Everything a chat completion runs, from its checks to the engine request (the Responses API runs it
-    too); a beam search is answered whole."""
+def admit(body: CompletionRequest | ChatCompletionRequest, request: Request, settings: Settings,
+          engines: EngineManager) -> None:
+    """What a completion or chat completion checks first: the model, the fields it refuses, the sizes of
+    its words, a ready engine; then the reply's name (vLLM's ``request_id``)."""
     check_model(body.model, settings)
     unsupported_fields(body)
     check_words(body, settings)
     engines.check_ready()
     name_reply(request, body.request_id)
+
+
+async def chat_plan(body: ChatCompletionRequest, request: Request, settings: Settings,
+                    engines: EngineManager) -> Plan | JSONResponse:
+    """Everything a chat completion runs, from its checks to the engine request (the Responses API runs it
+    too); a beam search is answered whole."""
+    admit(body, request, settings, engines)
     keep = body.truncate_prompt_tokens
     rendered = await chat_prompt_from_messages(
         engines, body.messages, text_bound(keep, settings.max_model_len, settings.max_tokenize_chars,
