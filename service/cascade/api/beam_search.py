@@ -143,6 +143,7 @@ async def beam_search_reply(request: Request, body: CompletionRequest | ChatComp
     body_out = envelope(kind, reply_id(request), settings.model_name, chunk=False, created=created)
     choices = []
     completion_tokens = 0
+
     def decode(beams: list[Beam]) -> list[str]:
         return [str(engines.tokenizer.decode(list(b.token_ids), skip_special_tokens=body.skip_special_tokens))
                 for b in beams]
