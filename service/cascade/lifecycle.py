@@ -39,7 +39,10 @@ class CodecState(StrEnum):
 def _import_grammar_compiler() -> None:
     """Import xgrammar (it compiles JSON schemas in the gateway, ``api.structured``) while the engines
     start: the import takes seconds, which the first request with a schema would otherwise wait."""
-    importlib.import_module("xgrammar")
+    try:
+        importlib.import_module("xgrammar")
+    except ImportError:  # vLLM installs it; without it a schema is refused when it is compiled
+        logger.warning("xgrammar is not installed: JSON schemas cannot be compiled")
 
 
 @dataclass

@@ -77,12 +77,13 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
     """The prompt's own log-probabilities with this many alternatives (a completion's ``echo``)."""
     cache_salt: str | None = None
+    """vLLM's: the prompt shares prefix-cache blocks only with prompts of the same salt."""
     repetition: tuple[int, int, int] | None = None
     """vLLM's repetition detection: (max pattern size, min pattern size, min count)."""
     stream_interval: int | None = None
+    """vLLM's: a stream's outputs every this-many tokens."""
     logprob_token_ids: tuple[int, ...] | None = None
     """vLLM's: at each position, the log-probabilities of these tokens (and the sampled one) instead of the top-n."""
-    """vLLM's: the prompt shares prefix-cache blocks only with prompts of the same salt."""
 
 
 @dataclass(frozen=True)
