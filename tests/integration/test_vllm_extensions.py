@@ -253,4 +253,8 @@ def test_responses_parse_gives_a_typed_object(openai_client) -> None:
 
     parsed = openai_client.responses.parse(model=MODEL, input="A point:", text_format=Point, max_output_tokens=40,
                                            temperature=0)
-    assert isinstance(parsed.output_parsed, Point)
+    assert isinstance(parsed.output_parsed, Point) and parsed.status == "completed"
+    with openai_client.responses.stream(model=MODEL, input="A point:", text_format=Point, max_output_tokens=40,
+                                        temperature=0) as stream:
+        final = stream.get_final_response()
+    assert final.output_parsed == parsed.output_parsed

@@ -117,3 +117,14 @@ def test_a_stream_that_fails_after_its_200_ends_with_a_numbered_error_event(serv
     last = json.loads(events[-1][5:])
     numbers = [json.loads(line[5:])["sequence_number"] for line in events if line.startswith("data:")]
     assert last["type"] == "error" and last["code"] == "internal_error" and numbers == list(range(len(numbers)))
+
+
+def test_the_sdks_stream_helper_accumulates_the_events(client: openai.OpenAI) -> None:
+    """The helper checks that every event fits the snapshot it builds. A response cut by
+    ``max_output_tokens`` ends ``response.incomplete``, as OpenAI's does (the helper's final response needs
+    ``response.completed``, which the fake engine, always cut by length, never gives)."""
+    with client.responses.stream(model=MODEL, input="hi", max_output_tokens=4) as stream:
+        events = list(stream)
+    deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output_text == "".join(deltas) and events[-1].response.usage.output_tokens == 4
