@@ -83,6 +83,13 @@ def check_chat_stream(out: str, _: Path) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == 3
 
 
+def check_responses(out: str, _: Path) -> None:
+    body = _json(out)
+    message = body["output"][0]
+    assert body["object"] == "response" and body["id"].startswith("resp_") and message["role"] == "assistant"
+    assert message["content"][0]["type"] == "output_text" and body["usage"]["output_tokens"] <= 16
+
+
 def check_chat_prediction(out: str, _: Path) -> None:
     details = _json(out)["usage"]["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] >= 0 and details["rejected_prediction_tokens"] >= 0
@@ -141,7 +148,7 @@ def check_export_cli(out: str, _: Path) -> None:
 
 
 CHECKS: dict[str, Callable[[str, Path], None]] = {
-    "completion": check_completion, "chat": check_chat, "chat-stream": check_chat_stream,
+    "completion": check_completion, "chat": check_chat, "chat-stream": check_chat_stream, "responses": check_responses,
     "chat-prediction": check_chat_prediction, "compress-file": check_compress_file,
     "compress-sse": check_compress_sse, "cli": check_cli, "export-json": check_export_json,
     "export-cli": check_export_cli, "kcbs": check_kcbs,
