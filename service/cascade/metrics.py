@@ -30,7 +30,7 @@ class Metrics:
                                          registry=r)
         self.engine_unfinished = Gauge("cascade_engine_unfinished_requests",
                                        "Requests queued or running in an engine", ["engine"], registry=r)
-        self.kcbs_steps = Counter("cascade_kcbs_beam_steps", "k-CBS beam steps run", registry=r)
+        self.kcbs_steps = Counter("cascade_kcbs_beam_steps", "k-CBS and use_beam_search steps run", registry=r)
         self.export_positions = Counter("cascade_export_positions", "Prompt positions exported as top-k "
                                         "distributions", registry=r)
         self.accepted_prediction_tokens = Counter("cascade_accepted_prediction_tokens",
@@ -50,7 +50,10 @@ class Metrics:
         self.engine_ready = Gauge("cascade_engine_ready", "1 when every engine is up", registry=r)
         self.engine_live_state = Gauge("cascade_engine_live_state", "Per-request state held inside an engine's "
                                        "worker (refreshed on scrape)", ["engine", "kind"], registry=r)
-        self.kcbs_live_searches = Gauge("cascade_kcbs_live_searches", "k-CBS searches running", registry=r)
+        self.kcbs_live_searches = Gauge("cascade_kcbs_live_searches", "k-CBS and use_beam_search searches running",
+                                        registry=r)
+        self.stored_responses = Gauge("cascade_stored_responses_bytes", "Characters the Responses API's stored "
+                                      "responses hold (bounded by stored_responses_bytes)", registry=r)
         self.engine_aborts = Gauge("cascade_engine_aborted_requests", "Engine requests aborted because the "
                                    "client left (cumulative since start)", registry=r)
         self.codec_live_jobs = Gauge("cascade_codec_live_jobs", "Exact-codec segment jobs queued or running",

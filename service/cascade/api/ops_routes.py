@@ -63,6 +63,7 @@ async def metrics(gateway: Gateway = Depends(get_gateway)) -> Response:
         m.engine_unfinished.labels(role).set(count)
     m.kcbs_live_searches.set(len(gateway.live_searches))
     m.codec_live_jobs.set(codec_jobs(gateway))
+    m.stored_responses.set(gateway.responses.held)
     m.engine_aborts.set(engines.aborted)
     if engines.ready:
         try:
