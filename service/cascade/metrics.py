@@ -52,7 +52,7 @@ class Metrics:
                                        "worker (refreshed on scrape)", ["engine", "kind"], registry=r)
         self.kcbs_live_searches = Gauge("cascade_kcbs_live_searches", "k-CBS and use_beam_search searches running",
                                         registry=r)
-        self.stored_responses = Gauge("cascade_stored_responses_bytes", "Characters the Responses API's stored "
+        self.stored_responses = Gauge("cascade_stored_responses_bytes", "Bytes the Responses API's stored "
                                       "responses hold (bounded by stored_responses_bytes)", registry=r)
         self.engine_aborts = Gauge("cascade_engine_aborted_requests", "Engine requests aborted because the "
                                    "client left (cumulative since start)", registry=r)

@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     )
     max_prediction_tokens: int = Field(4096, ge=1, description="Largest prediction, in tokens.")
     stored_responses_bytes: int = Field(
-        64 << 20, ge=0, description="Characters of Responses API responses (each with its whole conversation) "
+        64 << 20, ge=0, description="Bytes of Responses API responses (each with its whole conversation) "
         "kept in memory for `previous_response_id` and `GET /v1/responses/{id}` (the oldest dropped first; 0: "
         "none kept)."
     )

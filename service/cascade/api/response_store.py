@@ -1,9 +1,10 @@
 """The Responses API's stored responses (``previous_response_id``, ``GET /v1/responses/{id}``): this
-process's memory, bounded in characters, the oldest dropped first."""
+process's memory, bounded in bytes, the oldest dropped first."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +19,15 @@ class Stored:
     body: dict[str, Any]
 
     def size(self) -> int:
-        """What it holds, in characters of text and JSON (each response keeps its whole conversation)."""
-        return sum(len(m["content"]) for m in self.messages) + len(json.dumps(self.body))
+        """Bytes of memory its text takes (Python's size of each string: up to 4 a character, as an emoji
+        takes) and of its body as JSON, counting the whole conversation each response keeps (strings an
+        earlier response shares are counted again: never less than what is held)."""
+        return sum(sys.getsizeof(m["content"]) for m in self.messages) + sys.getsizeof(json.dumps(self.body))
 
 
 class ResponseStore:
     """The stored responses of this process, the oldest dropped first while they hold more than
-    ``budget`` characters (a conversation continued with ``truncation: "auto"`` grows past the context,
+    ``budget`` bytes (a conversation continued with ``truncation: "auto"`` grows past the context,
     and each response keeps all of it); one larger than the budget is not kept."""
 
     def __init__(self, budget: int) -> None:

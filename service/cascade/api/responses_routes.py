@@ -4,7 +4,7 @@ SDK's ``client.responses.create`` and ``.parse`` send, run as the chat completio
 
 A stored response (``store``, true by default as in OpenAI's) keeps its conversation, so a later
 request continues it with ``previous_response_id``; the store is this process's memory, bounded by
-``stored_responses_bytes`` (counted in characters; the oldest go first)."""
+``stored_responses_bytes`` (the oldest go first)."""
 
 from __future__ import annotations
 
