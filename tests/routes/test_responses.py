@@ -128,3 +128,56 @@ def test_the_sdks_stream_helper_accumulates_the_events(client: openai.OpenAI) ->
     deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.output_text == "".join(deltas) and events[-1].response.usage.output_tokens == 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_errors_of_the_chat_completion_underneath_name_the_responses_fields(service: FakeService,
+                                                                            stream: bool) -> None:
+    fmt = {"type": "json_schema", "name": "a", "schema": {"type": "nonsense"}}
+    with service.client() as client:
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": stream,
+                                               "text": {"format": fmt}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "text.format.schema", r.text
+    assert "response_format" not in r.json()["error"]["message"]
+
+
+def test_a_message_error_names_its_input_item_past_the_instructions_and_history(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="q", max_output_tokens=2)
+    items = [{"role": "user", "content": "ok"}, {"role": "tool", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.post("/responses", body={"model": MODEL, "input": items, "instructions": "i",
+                                        "previous_response_id": first.id}, cast_to=dict)
+    assert info.value.body["param"].startswith("input.1"), info.value.body  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("content", "param"), [
+    ([{"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": "data:x"}], "input.0.content.1.type"),
+    ([{"type": "input_text", "text": 5}], "input.0.content.0.text"),
+    ([{"type": "input_text"}], "input.0.content.0"),
+    ([], "input.0.content"),
+])
+def test_a_content_part_that_is_not_text_is_named_by_its_place(client: openai.OpenAI, content: list[Any],
+                                                               param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.post("/responses", body={"model": MODEL, "input": [{"role": "user", "content": content}]},
+                    cast_to=dict)
+    assert info.value.body["param"].startswith(param), info.value.body  # type: ignore[index]
+
+
+@pytest.mark.parametrize("extra", [{"metadata": {f"k{i}": "v" for i in range(17)}}, {"metadata": {"k": "v" * 513}},
+                                   {"text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}}])
+def test_openais_bounds_on_metadata_and_schema_names_hold(client: openai.OpenAI, extra: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.post("/responses", body={"model": MODEL, "input": "x", **extra}, cast_to=dict)
+
+
+def test_chat_field_names_read_as_the_responses_fields() -> None:
+    from cascade.api.responses_routes import _Names
+
+    names = _Names(instructions=True, offset=3)
+    assert [names.param(p) for p in ("messages.0", "messages.2.content", "messages.4.content", "messages",
+                                     "response_format.json_schema.schema", "max_completion_tokens", "temperature",
+                                     None)] == [
+        "instructions", "previous_response_id", "input.1.content", "input", "text.format.schema",
+        "max_output_tokens", "temperature", None]
+    assert names.message("response_format.json_schema.schema is bad") == "text.format.schema is bad"

@@ -75,6 +75,11 @@ class StrictModel(BaseModel):
         return value
 
 
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
+"""OpenAI's ``metadata``: at most 16 pairs, keys of at most 64 characters and values of at most 512."""
+
+
 class StreamOptions(StrictModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -133,7 +138,7 @@ class RepetitionDetection(StrictModel):
 class JsonSchema(StrictModel):
     """OpenAI's ``response_format.json_schema``: a named schema, ``strict`` or not."""
 
-    name: Annotated[str, Field(min_length=1, max_length=64)]
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: str | None = None
     schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(default_factory=dict)
     strict: bool | None = None
@@ -367,7 +372,7 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     parallel_tool_calls: bool | None = None
     # Accepted and without effect on the result (bookkeeping on OpenAI's side; the text modality).
     store: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None

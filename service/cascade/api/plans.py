@@ -111,9 +111,8 @@ class Plan:
         if delta.finish_reason != "error":
             return
         if (constraint := self.request.constraint) is not None:
-            raise APIError(400, "the engine could not compile this request's output constraint "
-                                "(structured_outputs or response_format)", param=constraint.source,
-                           code="invalid_value")
+            raise APIError(400, f"the engine could not compile this request's output constraint "
+                                f"({constraint.source})", param=constraint.source, code="invalid_value")
         raise APIError(500, "the engine failed while generating this request", code="engine_error")
 
     def observe_delta(self, delta: CompletionDelta) -> None:

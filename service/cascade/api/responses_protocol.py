@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
-from cascade.api.openai_protocol import StrictModel
+from cascade.api.openai_protocol import Metadata, StrictModel
 
 
 class TextPart(StrictModel):
@@ -20,13 +20,20 @@ class TextPart(StrictModel):
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
 
+    @model_validator(mode="after")
+    def _has_its_text(self) -> TextPart:
+        field = "refusal" if self.type == "refusal" else "text"
+        if getattr(self, field) is None:
+            raise ValueError(f"a {self.type} part needs its {field}")
+        return self
+
 
 class InputMessage(StrictModel):
     """An input item of type ``message``, or an earlier output message sent back."""
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
     id: str | None = None
     status: str | None = None
     phase: str | None = None
@@ -39,7 +46,7 @@ class InputMessage(StrictModel):
 
 class TextFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
-    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = None
     schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
     description: str | None = None
     strict: bool | None = None
@@ -76,7 +83,7 @@ class ResponsesRequest(StrictModel):
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -19,10 +20,10 @@ from pydantic import ValidationError
 from cascade.api.completion_render import Choice, render_logprobs
 from cascade.api.deps import get_engines, get_gateway, get_settings, request_id
 from cascade.api.errors import APIError
-from cascade.api.openai_protocol import ChatCompletionRequest
+from cascade.api.openai_protocol import ChatCompletionRequest, StrictModel
 from cascade.api.plans import Plan, chat_plan, engine_streams, run_plan
 from cascade.api.response_store import ResponseStore, Stored
-from cascade.api.responses_protocol import InputMessage, ResponsesRequest
+from cascade.api.responses_protocol import InputMessage, ResponsesRequest, TextPart
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_event, until_disconnect
 from cascade.engine.manager import EngineManager
 from cascade.settings import Settings
@@ -54,6 +55,32 @@ def _refuse(body: ResponsesRequest) -> None:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
 
+TEXT_PARTS = ("input_text", "output_text", "refusal")
+
+
+def _check_parts(content: object, item: int) -> None:
+    """A content list's parts are text: an image, a file or audio, or a part that is not a text part,
+    is refused at its own place (``input.I.content.J…``), not as a content that failed to be a string."""
+    if not isinstance(content, list):
+        return
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        where = f"input.{item}.content.{j}"
+        if kind not in TEXT_PARTS:
+            raise APIError(400, f"content parts of type {kind!r} are not supported: this model reads text "
+                                f"({', '.join(TEXT_PARTS)})", param=f"{where}.type", code="unsupported_content")
+        _validated(TextPart, part, where)
+
+
+def _validated(model: type[StrictModel], value: object, where: str) -> None:
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        place = ".".join([where, *(str(p) for p in first["loc"])])
+        raise APIError(400, f"{place}: {first['msg']}", param=place) from None
+
+
 def _input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(body.input, str):
         return [{"role": "user", "content": body.input}]
@@ -63,12 +90,9 @@ def _input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         if kind != "message":
             raise APIError(400, f"input items of type {kind!r} are not supported: this model reads messages "
                                 "of text", param=f"input.{i}.type", code="unsupported_content")
-        try:
-            message = InputMessage.model_validate(item)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise APIError(400, f"input.{i}.{where}: {first['msg']}", param=f"input.{i}.{where}") from None
+        _check_parts(item.get("content"), i)
+        _validated(InputMessage, item, f"input.{i}")
+        message = InputMessage.model_validate(item)
         messages.append({"role": message.role, "content": message.text()})
     if not messages:
         raise APIError(400, "input must hold at least one message", param="input")
@@ -85,23 +109,51 @@ def _response_format(body: ResponsesRequest) -> dict[str, Any] | None:
                                                    "description": fmt.description}}
 
 
-_CHAT_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+_CHAT_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format.json_schema": "text.format",
+               "response_format": "text.format"}
 
 
-def _as_responses_error(error: APIError) -> APIError:
-    """A chat completion's error in the Responses API's words (its fields have other names)."""
-    param = error.param
-    message = error.message
-    for chat_name, name in _CHAT_NAMES.items():
-        message = message.replace(chat_name, name)
-        if param is not None and (param == chat_name or param.startswith(chat_name + ".")):
-            param = name + param[len(chat_name):]
-    return APIError(error.status, message, param=param, code=error.code)
+@dataclass(frozen=True)
+class _Names:
+    """How a chat completion's fields read in the Responses API: its messages are the instructions,
+    then the earlier conversation (``previous_response_id``), then ``input`` from ``offset`` on."""
+
+    instructions: bool
+    offset: int
+
+    def param(self, param: str | None) -> str | None:
+        if param is None:
+            return None
+        for chat_name, name in _CHAT_NAMES.items():
+            if param == chat_name or param.startswith(chat_name + "."):
+                return name + param[len(chat_name):]
+        head, _, rest = param.partition(".")
+        if head != "messages":
+            return param
+        index, _, below = rest.partition(".")
+        if not index.isdigit():
+            return "input"
+        if int(index) >= self.offset:
+            return ".".join(filter(None, ["input", str(int(index) - self.offset), below]))
+        return "instructions" if self.instructions and index == "0" else "previous_response_id"
+
+    def message(self, message: str) -> str:
+        for chat_name, name in _CHAT_NAMES.items():
+            message = message.replace(chat_name, name)
+        return message
+
+    def error(self, error: APIError) -> APIError:
+        """A chat completion's error in the Responses API's words."""
+        return APIError(error.status, self.message(error.message), param=self.param(error.param), code=error.code)
+
+
+def _instructions(body: ResponsesRequest) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": body.instructions}] if body.instructions else []
 
 
 def _chat_request(body: ResponsesRequest, history: list[dict[str, Any]], messages: list[dict[str, Any]]
                   ) -> ChatCompletionRequest:
-    instructions = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    instructions = _instructions(body)
     logprobs = body.top_logprobs is not None or LOGPROBS_INCLUDE in (body.include or [])
     return ChatCompletionRequest.model_validate({
         "model": body.model, "messages": [*instructions, *history, *messages],
@@ -166,10 +218,19 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
                            param="previous_response_id", code="previous_response_not_found")
         history = previous.messages
     messages = _input_messages(body)
+    names = _Names(bool(body.instructions), len(_instructions(body)) + len(history))
     try:
-        plan = await chat_plan(_chat_request(body, history, messages), request, settings, engines)
+        return await _answer(body, request, settings, engines, history, messages, names)
     except APIError as error:
-        raise _as_responses_error(error) from None
+        raise names.error(error) from None
+
+
+async def _answer(body: ResponsesRequest, request: Request, settings: Settings, engines: EngineManager,
+                  history: list[dict[str, Any]], messages: list[dict[str, Any]], names: _Names
+                  ) -> JSONResponse | StreamingResponse:
+    """Run the chat completion the request amounts to; its errors are named in chat's words."""
+    store = _store(request)
+    plan = await chat_plan(_chat_request(body, history, messages), request, settings, engines)
     assert isinstance(plan, Plan)  # a chat request built here never asks for a beam search
     rid = request_id(request)
     created = int(time.time())
@@ -182,7 +243,7 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
 
     if body.stream:
         outputs = await primed(request, merge(engine_streams(engines, plan, rid)))
-        numbers = _Numbering()
+        numbers = _Numbering(names)
         events = _events(body, plan, outputs, rid, created, settings, prompt_tokens, keep, numbers)
         return StreamingResponse(guarded(events, done=False, event="error", shape=numbers.error),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
@@ -202,8 +263,9 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
 class _Numbering:
     """A stream's ``sequence_number``s, shared by its events and the error event ``guarded`` sends."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: _Names) -> None:
         self.next = 0
+        self.names = names
 
     def take(self) -> int:
         self.next += 1
@@ -212,8 +274,8 @@ class _Numbering:
     def error(self, payload: dict[str, Any]) -> dict[str, Any]:
         """OpenAI's error event of a Responses stream, from the error ``guarded`` would send."""
         error = payload["error"]
-        return {"type": "error", "sequence_number": self.take(), "code": error["code"], "message": error["message"],
-                "param": error["param"]}
+        return {"type": "error", "sequence_number": self.take(), "code": error["code"],
+                "message": self.names.message(error["message"]), "param": self.names.param(error["param"])}
 
 
 async def _events(body: ResponsesRequest, plan: Plan, outputs: AsyncIterator[tuple[int, Any]], rid: str,
