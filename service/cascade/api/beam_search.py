@@ -72,15 +72,11 @@ def _budget(body: CompletionRequest | ChatCompletionRequest, prompt_len: int, ga
     """The steps of a search: ``max_tokens`` as asked, or as much as the k-CBS limits allow (each step
     evaluates ``n`` rows)."""
     settings = gateway.settings
-    if isinstance(body, ChatCompletionRequest):
-        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        requested = body.max_completion_tokens or body.max_tokens
-        tokens = resolve_max_tokens(requested, prompt_len, settings, param, prompt_param="messages")
-    else:
-        param, requested = "max_tokens", body.max_tokens
-        tokens = resolve_max_tokens(requested, prompt_len, settings, param)
-        if tokens == 0:
-            raise APIError(400, "max_tokens must be at least 1 with use_beam_search", param="max_tokens")
+    param, requested = body.asked_tokens()
+    tokens = resolve_max_tokens(requested, prompt_len, settings, param,
+                                prompt_param="messages" if isinstance(body, ChatCompletionRequest) else "prompt")
+    if tokens == 0:
+        raise APIError(400, f"{param} must be at least 1 with use_beam_search", param=param)
     limit = min(settings.max_kcbs_steps, settings.max_kcbs_rows // body.n)
     if requested is None:
         return min(tokens, limit)
@@ -89,10 +85,6 @@ def _budget(body: CompletionRequest | ChatCompletionRequest, prompt_len: int, ga
                             f"and n × {param} at most max_kcbs_rows: the engine evaluates that many rows)",
                        param=param)
     return tokens
-
-
-def _spelled(token_id: int, table: TokenTable) -> str:
-    return table.data(token_id).decode("utf-8", errors="replace")
 
 
 def _delta(index: int, beam: Beam, text: str, top_n: int | None, table: TokenTable | None) -> CompletionDelta:
@@ -104,7 +96,7 @@ def _delta(index: int, beam: Beam, text: str, top_n: int | None, table: TokenTab
     if top_n is not None and table is not None:
         positions = []
         for token, row in zip(ids, beam.steps, strict=True):
-            candidates = tuple(Candidate(t, _spelled(t, table), lp, rank) for rank, (t, lp) in enumerate(row, 1))
+            candidates = tuple(Candidate(t, table.string(t), lp, rank) for rank, (t, lp) in enumerate(row, 1))
             chosen = next(c for c in candidates if c.token_id == token)
             positions.append(TokenLogprobs(token, chosen.token, chosen.logprob, candidates, chosen.rank))
         logprobs = tuple(positions)

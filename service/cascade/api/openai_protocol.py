@@ -282,6 +282,10 @@ class CompletionRequest(SamplingFields, PredictionFields):
     compression: bool = False
     compression_top_k: int = 100
 
+    def asked_tokens(self) -> tuple[str, int | None]:
+        """The field naming the completion budget, and the budget it asks for (``None``: the default)."""
+        return "max_tokens", self.max_tokens
+
 
 class TextPart(StrictModel):
     type: Literal["text"]
@@ -386,6 +390,13 @@ class ChatCompletionRequest(SamplingFields, PredictionFields):
     # Parsed only to be refused by name: they would change the result and this model has no such knob.
     reasoning_effort: str | None = None
     verbosity: str | None = None
+
+    def asked_tokens(self) -> tuple[str, int | None]:
+        """The field naming the completion budget (``max_completion_tokens``, OpenAI's newer name, wins over
+        ``max_tokens``), and the budget it asks for (``None``: as much as the context leaves)."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
 
 
 class TokenizeRequest(StrictModel):

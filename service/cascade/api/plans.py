@@ -165,8 +165,6 @@ async def run_plan(engines: EngineManager, plan: Plan, rid: str) -> dict[int, Ch
     return choices
 
 
-
-
 def admit(body: CompletionRequest | ChatCompletionRequest, request: Request, settings: Settings,
           engines: EngineManager) -> None:
     """What a completion or chat completion checks first: the model, the fields it refuses, the sizes of
@@ -189,11 +187,9 @@ async def chat_plan(body: ChatCompletionRequest, request: Request, settings: Set
                                            sum(len(m.text()) for m in body.messages), "messages"),
         add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message,
         template_kwargs=body.chat_template_kwargs, add_special_tokens=body.add_special_tokens, tools=body.tools)
-    [prompt] = truncated([rendered], keep, settings.max_model_len, body.truncation_side,
-                         body.max_completion_tokens or body.max_tokens)
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, len(prompt), settings, param,
-                                    prompt_param="messages")
+    param, asked = body.asked_tokens()
+    [prompt] = truncated([rendered], keep, settings.max_model_len, body.truncation_side, asked)
+    max_tokens = resolve_max_tokens(asked, len(prompt), settings, param, prompt_param="messages")
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
