@@ -181,3 +181,14 @@ def test_chat_field_names_read_as_the_responses_fields() -> None:
         "instructions", "previous_response_id", "input.1.content", "input", "text.format.schema",
         "max_output_tokens", "temperature", None]
     assert names.message("response_format.json_schema.schema is bad") == "text.format.schema is bad"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_output_tokens_are_counted_streamed_or_not(client: openai.OpenAI, service: FakeService,
+                                                               stream: bool) -> None:
+    counter = service.gateway.metrics.completion_tokens.labels("responses")
+    before = counter._value.get()
+    out = client.responses.create(model=MODEL, input="x", max_output_tokens=3, stream=stream)
+    if stream:
+        list(out)  # type: ignore[arg-type]
+    assert counter._value.get() - before == 3

@@ -9,15 +9,15 @@ request continues it with ``previous_response_id``; the store is this process's 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from cascade.api.completion_render import Choice, render_logprobs
+from cascade.api.completion_render import Choice
 from cascade.api.deps import get_engines, get_gateway, get_settings, request_id
 from cascade.api.errors import APIError
 from cascade.api.openai_protocol import ChatCompletionRequest, StrictModel
@@ -26,6 +26,7 @@ from cascade.api.response_store import ResponseStore, Stored
 from cascade.api.responses_protocol import InputMessage, ResponsesRequest, TextPart
 from cascade.api.streaming import SSE_HEADERS, guarded, merge, primed, sse_event, until_disconnect
 from cascade.engine.manager import EngineManager
+from cascade.lifecycle import Gateway
 from cascade.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["responses"])
@@ -72,9 +73,13 @@ def _check_parts(content: object, item: int) -> None:
         _validated(TextPart, part, where)
 
 
-def _validated(model: type[StrictModel], value: object, where: str) -> None:
+M = TypeVar("M", bound=StrictModel)
+
+
+def _validated(model: type[M], value: object, where: str) -> M:
+    """``value`` as ``model``; its first error is a 400 at its place below ``where``."""
     try:
-        model.model_validate(value)
+        return model.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
         place = ".".join([where, *(str(p) for p in first["loc"])])
@@ -91,8 +96,7 @@ def _input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             raise APIError(400, f"input items of type {kind!r} are not supported: this model reads messages "
                                 "of text", param=f"input.{i}.type", code="unsupported_content")
         _check_parts(item.get("content"), i)
-        _validated(InputMessage, item, f"input.{i}")
-        message = InputMessage.model_validate(item)
+        message = _validated(InputMessage, item, f"input.{i}")
         messages.append({"role": message.role, "content": message.text()})
     if not messages:
         raise APIError(400, "input must hold at least one message", param="input")
@@ -208,10 +212,9 @@ def _body(rid: str, created: int, request: ResponsesRequest, settings: Settings,
 async def create_response(body: ResponsesRequest, request: Request, settings: Settings = Depends(get_settings),
                           engines: EngineManager = Depends(get_engines)) -> JSONResponse | StreamingResponse:
     _refuse(body)
-    store = _store(request)
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
-        previous = store.get(body.previous_response_id)
+        previous = _store(request).get(body.previous_response_id)
         if previous is None:
             raise APIError(400, f"Previous response with id '{body.previous_response_id}' not found (responses "
                                 "are kept in this server's memory, the oldest dropped past stored_responses_bytes)",
@@ -225,39 +228,57 @@ async def create_response(body: ResponsesRequest, request: Request, settings: Se
         raise names.error(error) from None
 
 
+@dataclass
+class _Answer:
+    """One response being answered: what it renders and what it keeps once its text is whole."""
+
+    body: ResponsesRequest
+    plan: Plan
+    rid: str
+    created: int
+    settings: Settings
+    gateway: Gateway
+    conversation: list[dict[str, Any]]
+    """The messages before the reply: the earlier conversation and this input (no instructions)."""
+
+    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+                 incomplete: dict[str, str] | None = None) -> dict[str, Any]:
+        return _body(self.rid, self.created, self.body, self.settings, status=status, output=output, usage=usage,
+                     incomplete=incomplete)
+
+    def finish(self, choice: Choice) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The finished text part, message and response; the response is stored (``store``) and its
+        tokens counted, the same for a stream and a whole reply."""
+        status, incomplete = _status(choice.finish_reason)
+        part = _text_part(choice.text, choice.logprobs if self.plan.top_logprobs is not None else [])
+        item = _message(self.rid, status, [part])
+        prompt_tokens = len(self.plan.prompts[0])
+        response = self.response(status, [item], _usage(self.plan, prompt_tokens, choice.tokens), incomplete)
+        if self.body.store:
+            self.gateway.responses.put(response["id"], Stored(
+                [*self.conversation, {"role": "assistant", "content": choice.text}], response))
+        self.gateway.metrics.completion_tokens.labels("responses").inc(choice.tokens)
+        return part, item, response
+
+
 async def _answer(body: ResponsesRequest, request: Request, settings: Settings, engines: EngineManager,
                   history: list[dict[str, Any]], messages: list[dict[str, Any]], names: _Names
                   ) -> JSONResponse | StreamingResponse:
     """Run the chat completion the request amounts to; its errors are named in chat's words."""
-    store = _store(request)
     plan = await chat_plan(_chat_request(body, history, messages), request, settings, engines)
     assert isinstance(plan, Plan)  # a chat request built here never asks for a beam search
+    gateway = get_gateway(request)
     rid = request_id(request)
-    created = int(time.time())
-    prompt_tokens = len(plan.prompts[0])
-    get_gateway(request).metrics.prompt_tokens.labels("responses").inc(prompt_tokens)
-
-    def keep(text: str, response: dict[str, Any]) -> None:
-        if body.store:
-            store.put(response["id"], Stored([*history, *messages, {"role": "assistant", "content": text}], response))
-
+    answer = _Answer(body, plan, rid, int(time.time()), settings, gateway, [*history, *messages])
+    gateway.metrics.prompt_tokens.labels("responses").inc(len(plan.prompts[0]))
     if body.stream:
         outputs = await primed(request, merge(engine_streams(engines, plan, rid)))
         numbers = _Numbering(names)
-        events = _events(body, plan, outputs, rid, created, settings, prompt_tokens, keep, numbers)
-        return StreamingResponse(guarded(events, done=False, event="error", shape=numbers.error),
+        return StreamingResponse(guarded(_events(answer, outputs, numbers), done=False, event="error",
+                                         shape=numbers.error),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     choices = await until_disconnect(request, lambda: run_plan(engines, plan, rid))
-    choice = choices.get(0, Choice())
-    status, incomplete = _status(choice.finish_reason)
-    logprobs = render_logprobs("chat", choice.logprobs, 0, choice.characters)["content"] \
-        if plan.top_logprobs is not None else []
-    response = _body(rid, created, body, settings, status=status, incomplete=incomplete,
-                     output=[_message(rid, status, [_text_part(choice.text, logprobs)])],
-                     usage=_usage(plan, prompt_tokens, choice.tokens))
-    keep(choice.text, response)
-    get_gateway(request).metrics.completion_tokens.labels("responses").inc(choice.tokens)
-    return JSONResponse(response)
+    return JSONResponse(answer.finish(choices.get(0, Choice()))[2])
 
 
 class _Numbering:
@@ -278,21 +299,20 @@ class _Numbering:
                 "message": self.names.message(error["message"]), "param": self.names.param(error["param"])}
 
 
-async def _events(body: ResponsesRequest, plan: Plan, outputs: AsyncIterator[tuple[int, Any]], rid: str,
-                  created: int, settings: Settings, prompt_tokens: int, keep: Callable[[str, dict[str, Any]], None],
-                  numbers: _Numbering) -> AsyncGenerator[bytes, None]:
+async def _events(answer: _Answer, outputs: AsyncIterator[tuple[int, Any]], numbers: _Numbering
+                  ) -> AsyncGenerator[bytes, None]:
     """The Responses API's stream: the response created and in progress, its message and text part
     added, the text in deltas, then each done, then the response completed (or incomplete)."""
 
     def event(kind: str, **fields: Any) -> bytes:
         return sse_event(kind, {"type": kind, "sequence_number": numbers.take(), **fields})
 
-    item_id = f"msg_{rid}"
-    place = {"item_id": item_id, "output_index": 0, "content_index": 0}
-    head = _body(rid, created, body, settings, status="in_progress", output=[], usage=None)
+    plan = answer.plan
+    place = {"item_id": f"msg_{answer.rid}", "output_index": 0, "content_index": 0}
+    head = answer.response("in_progress", [])
     yield event("response.created", response=head)
     yield event("response.in_progress", response=head)
-    yield event("response.output_item.added", output_index=0, item=_message(rid, "in_progress", []))
+    yield event("response.output_item.added", output_index=0, item=_message(answer.rid, "in_progress", []))
     yield event("response.content_part.added", part=_text_part("", []), **place)
     choice = Choice()
     try:
@@ -308,16 +328,12 @@ async def _events(body: ResponsesRequest, plan: Plan, outputs: AsyncIterator[tup
     finally:  # a client that left: closing the engine streams aborts them
         if isinstance(outputs, AsyncGenerator):
             await outputs.aclose()
-    status, incomplete = _status(choice.finish_reason)
-    part = _text_part(choice.text, choice.logprobs if plan.top_logprobs is not None else [])
+    part, item, response = answer.finish(choice)
     yield event("response.output_text.done", text=choice.text, logprobs=part["logprobs"], **place)
     yield event("response.content_part.done", part=part, **place)
-    item = _message(rid, status, [part])
     yield event("response.output_item.done", output_index=0, item=item)
-    response = _body(rid, created, body, settings, status=status, incomplete=incomplete, output=[item],
-                     usage=_usage(plan, prompt_tokens, choice.tokens))
-    keep(choice.text, response)
-    yield event("response.completed" if status == "completed" else "response.incomplete", response=response)
+    yield event("response.completed" if response["status"] == "completed" else "response.incomplete",
+                response=response)
 
 
 @router.get("/responses/{response_id}")
