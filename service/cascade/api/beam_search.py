@@ -121,7 +121,7 @@ async def beam_search_reply(request: Request, body: CompletionRequest | ChatComp
     steps = [_budget(body, len(p), gateway) for p in prompts]
     searches = [BeamSearch(body.n, s, len(p), engines.eos_token_ids, ignore_eos=body.ignore_eos,
                            length_penalty=body.length_penalty) for p, s in zip(prompts, steps, strict=True)]
-    k = max(2 * body.n, top_n or 0)
+    k = max(searches[0].candidates_per_row, top_n or 0)  # every search of a request has the same width
     rid = request_id(request)
     created = int(time.time())
     metrics.prompt_tokens.labels(kind).inc(sum(len(p) for p in prompts))

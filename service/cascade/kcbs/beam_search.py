@@ -65,7 +65,6 @@ class BeamSearch:
         self._live: list[Beam] = [Beam((), 0.0, ())]
         self._finished: list[Beam] = []
         self._step = 0
-        self.rows_evaluated = 0
 
     @property
     def candidates_per_row(self) -> int:
@@ -105,7 +104,6 @@ class BeamSearch:
                 else:
                     extended = Beam((*beam.token_ids, token), beam.logprob + lp, (*beam.steps, top))
                     pool.append((-extended.logprob, order, rank, extended))
-        self.rows_evaluated += len(self._live)
         self._step += 1
         self._live = [entry[3] for entry in heapq.nsmallest(self.beam_width, pool, key=lambda e: e[:3])]
 
