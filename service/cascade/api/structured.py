@@ -59,11 +59,12 @@ def _check_size(size: int, settings: Settings, param: str, what: str) -> None:
                             "(max_grammar_bytes)", param=param, code="invalid_value")
 
 
-async def compact_json_grammar(schema: dict[str, Any] | str, settings: Settings,
+async def json_grammar(schema: dict[str, Any] | str, settings: Settings,
                                param: str = "response_format.json_schema.schema", *, any_whitespace: bool = False,
                                strict: bool = True) -> str:
-    """EBNF for JSON documents valid under ``schema``, written as ``json.dumps(..., separators=(",", ":"))``
-    (``any_whitespace``: with any whitespace between tokens; ``strict``: no property the schema does not name).
+    """EBNF for JSON documents valid under ``schema``, written compactly as ``json.dumps(...,
+    separators=(",", ":"))`` unless ``any_whitespace`` (any whitespace between tokens, vLLM's default);
+    ``strict``: no property the schema does not name.
 
     Compiled in a worker thread (xgrammar releases the GIL), and only for a schema nested at most
     ``max_schema_depth`` deep (compile time grows with the cube of the depth: 400 levels took 8.8 s
@@ -92,10 +93,10 @@ async def _response_format_grammar(request: SamplingFields, settings: Settings) 
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
-        return await compact_json_grammar(ANY_OBJECT, settings)
+        return await json_grammar(ANY_OBJECT, settings)
     if response_format.json_schema is None:
         raise APIError(400, "response_format type 'json_schema' needs a json_schema", param="response_format")
-    return await compact_json_grammar(response_format.json_schema.schema_, settings)
+    return await json_grammar(response_format.json_schema.schema_, settings)
 
 
 async def output_constraint(request: SamplingFields, settings: Settings) -> Constraint | None:
@@ -111,7 +112,7 @@ async def output_constraint(request: SamplingFields, settings: Settings) -> Cons
     if wanted.json_object or wanted.json_ is not None:
         schema: dict[str, Any] | str = ANY_OBJECT if wanted.json_ is None else wanted.json_
         param = "structured_outputs.json_object" if wanted.json_object else "structured_outputs.json"
-        return Constraint(grammar=await compact_json_grammar(schema, settings, param, any_whitespace=spaced,
+        return Constraint(grammar=await json_grammar(schema, settings, param, any_whitespace=spaced,
                                                              strict=strict), source=source)
     if wanted.choice is not None:
         _check_size(sum(len(c.encode()) for c in wanted.choice), settings, "structured_outputs.choice", "holds")
