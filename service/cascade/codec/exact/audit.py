@@ -284,7 +284,6 @@ KERNELS: dict[str, Allowed] = {
            ("mean_squares", frozenset({F64}), "RMSNorm's int16 grid and the exact sum of its squares, ÷ n, "
                                               "× step², + eps"),
            ("norm_quantize", frozenset({F64}), "x ÷ root × gain (the root from root.root), then the ±127 grid"),
-           ("quantize", frozenset({F64}), "the ±127 grid: largest magnitude ÷ 127, x ÷ step, rint"),
            ("residual", frozenset({F64, I32}), "x + acc·(step·scale) (+ bias), then the next RMSNorm's mean square"),
            ("silu_quantize", frozenset({F64, I32}), "gate·sigmoid-table(rint(gate·2**10))·up, then the ±127 grid"),
            ("qkv", frozenset({F64, I32, I64}), "RoPE products and differences from the tables, rint onto the "

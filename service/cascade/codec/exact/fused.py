@@ -145,11 +145,6 @@ try:
             steps[r] = _quantize_row(z[r], ACT8, m[r])
 
     @_RowKernel
-    def _quantize(x: Any, m: Any, steps: Any) -> None:  # pragma: no cover - compiled
-        for r in prange(x.shape[0]):
-            steps[r] = _quantize_row(x[r], ACT8, m[r])
-
-    @_RowKernel
     def _residual(x: Any, acc: Any, steps: Any, scale: Any, bias: Any, eps: float, out: Any, squares: Any
                   ) -> None:  # pragma: no cover - compiled
         for r in prange(x.shape[0]):
@@ -475,16 +470,6 @@ def norm_quantize(x: Array, gain: Array, eps: float, squares: Array | None = Non
     return m, steps
 
 
-def quantize(x: Array) -> tuple[Any, Any]:
-    """A linear layer's int8 activations (±127 per row) and their step."""
-    x = array(x)
-    m = np.empty(x.shape, dtype=np.int8)
-    steps = np.empty(x.shape[0])
-    _report("fused.quantize", x)
-    _quantize(x.shape[0], x, m, steps)
-    return m, steps
-
-
 def residual(x: Array, acc: Array, steps: Array, scale: Array, bias: Array | None, eps: float) -> tuple[Any, Any]:
     """``x + linear_output(acc)``, and the sum's rows' ``mean_square + eps`` for the next RMSNorm."""
     x, acc, steps, scale = array(x), array(acc), array(steps), array(scale)
@@ -672,7 +657,7 @@ def int8_product(m: Array, weight_rows: Array) -> Any:
 def _fused_instructions() -> list[str]:
     """FMA-like instructions in the machine code of every strict kernel, both variants (must be none):
     inspected where compiled in this process, the compiling process's verdict where loaded from the cache."""
-    compiled = [variant for kernel in (_mean_squares, _norm_quantize, _quantize, _residual, _silu_quantize, _qkv,
+    compiled = [variant for kernel in (_mean_squares, _norm_quantize, _residual, _silu_quantize, _qkv,
                                        _norm_digits, _norm_bytes, _total_logits)
                 for variant in kernel.variants]
     return kernel_cache.inspected([*compiled, _attend_cached, *_cached_layer], _FMA)
@@ -711,7 +696,6 @@ def _warm_up_rows(float_products: bool, rows: int) -> None:
     x = torch.linspace(-3, 3, 24, dtype=torch.float64).view(2, 12)[:rows]
     gain = torch.ones(12, dtype=torch.float64)
     m, steps = norm_quantize(x, gain, 1e-6)
-    quantize(x)
     scale = torch.ones(12, dtype=torch.float64)
     for acc in (m.astype(np.int32), *([m.astype(np.float64)] if float_products else [])):
         residual(x, acc, steps, scale, None, 1e-6)
