@@ -34,7 +34,8 @@ def test_the_decision_path_runs_only_reviewed_ops(name: str, kernels: str) -> No
     if kernels == "reference":
         assert "aten._int_mm.default" not in audit.calls and "fused.attend_cached" not in audit.calls
     elif model.kernels.name == "compiled":
-        unused = set() if model.lm_head.int8_gemm else {"fused.norm_digits"}  # the int8 GEMM's three digits
+        # the int8 GEMM's three digits and their recombination
+        unused = set() if model.lm_head.int8_gemm else {"fused.norm_digits", "fused.digit_logits"}
         missing = [name for name in KERNELS if name.startswith(("fused.", "frequencies."))
                    and name not in audit.calls and name not in unused]
         assert not missing

@@ -239,6 +239,29 @@ def test_the_output_layer_in_two_digits_gives_the_three_digit_products_and_their
 
 
 @needs_compiled
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 300), st.integers(0, 2**31), st.booleans())
+def test_digit_products_recombined_in_the_logits_pass_give_the_torch_recombinations_logits(
+        parallel: bool, rows: int, vocab: int, seed: int, extremes: bool) -> None:
+    g = np.random.default_rng(seed)
+    limit = 2**31 - 1
+    products = g.integers(-limit, limit, (3 * rows, vocab), endpoint=True).astype(np.int32)
+    if extremes:  # the largest int32 digit sums of either sign
+        products[::2] = limit
+        products[1::2] = -limit
+    steps = g.random(rows) * 1e-3
+    scale = g.random(vocab) * 1e-3
+    totals = torch.from_numpy(products[:rows]).to(torch.float64)  # ``ops.digit_product``'s recombination
+    totals = totals.mul_(128.0).add_(torch.from_numpy(products[rows:2 * rows])).mul_(128.0)
+    totals = totals.add_(torch.from_numpy(products[2 * rows:]))
+    with row_launches(parallel):
+        got = fused.digit_logits(products, steps, scale)
+        expected = fused.total_logits(totals, steps, scale)
+    assert got.dtype == np.int64 and np.array_equal(got, expected)
+
+
+@needs_compiled
 def test_the_two_digit_output_layer_refuses_rows_its_int32_digit_sums_cannot_hold() -> None:
     k = BYTE_TERMS + 1
     digits, *fixes = (np.zeros((2, k), dtype=np.int8), np.zeros((1, k), dtype=np.int64),

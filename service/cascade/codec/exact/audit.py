@@ -299,6 +299,9 @@ KERNELS: dict[str, Allowed] = {
                                                  "the capped remainder as a correction"),
            ("total_logits", frozenset({F64}), "the output layer's exact integer products (float64, below "
                                               "2**53), × (step·scale), rint"),
+           ("digit_logits", frozenset({I32, F64}), "the int8 GEMM's int32 products of the three digit rows, "
+                                                   "(a·128 + b)·128 + c in int64 (below 2**46: exact, the "
+                                                   "float64 total), × (step·scale), rint"),
        )},
 }
 """The project's own compiled kernels (dispatch never sees them; each reports its call to ``observers``)."""

@@ -35,8 +35,8 @@ import torch
 from cascade.codec.exact import dispatch, fused, root, tables
 from cascade.codec.exact.cache import KVCache
 from cascade.codec.exact.grid import BYTE_TERMS, FP64_EXACT, MASKED, QK_BITS, QK_UNIT, RINT_LIMIT, V_UNIT, rint, rint_
-from cascade.codec.exact.int8_gemm import INT32_TERMS
-from cascade.codec.exact.ops import QuantLinear, _scalar, digit_product, digit_values, quantize, rms_norm, silu
+from cascade.codec.exact.int8_gemm import INT32_TERMS, int8_matmul
+from cascade.codec.exact.ops import QuantLinear, _scalar, digit_values, quantize, rms_norm, silu
 
 Values = Any
 """What passes between a layer's steps: ``torch.Tensor`` in the torch set, ``numpy.ndarray`` in the compiled one."""
@@ -458,9 +458,10 @@ class CompiledKernels(Kernels):
         not serve; the same integers either way. Up to two rows stream where the int8 GEMM would take
         more (a row's two digit rows are two streamed rows), up to ``fused.PIECES_STREAMED_ROWS`` where the
         float32 pieces would (SmolLM2's head on a Zen 3, streamed / pieces: 3 rows 6.0 / 34.6 ms, 32 rows
-        56 / 70 ms). Either GEMM's totals are scaled and rounded in one compiled pass (``total_logits``):
-        on the float path, 1,024 rows of pycoder-23m's logits took 183–206 ms against 282 ms through torch's
-        elementwise passes over the rows × vocabulary float64 totals."""
+        56 / 70 ms). The totals are scaled and rounded in one compiled pass (``total_logits``; the int8
+        GEMM's digit products are recombined in that pass too, ``digit_logits``): on the float path, 1,024
+        rows of pycoder-23m's logits took 183–206 ms against 282 ms through torch's elementwise passes over
+        the rows × vocabulary float64 totals."""
         streamed = self._streams(2 * hidden.shape[0] if head.int8_gemm else hidden.shape[0], head)
         if streamed and head.in_features <= BYTE_TERMS:
             digits, steps, fix_index, fix_value, fix_count = fused.norm_bytes(hidden, self._constant(gain),
@@ -469,9 +470,9 @@ class CompiledKernels(Kernels):
             return torch.from_numpy(fused.total_logits(totals, steps, self._constant(head.scale)))
         digits, steps = fused.norm_digits(hidden, self._constant(gain), self.g.rms_norm_eps)
         if head.int8_gemm:
-            totals = digit_product(torch.from_numpy(digits), head.weight)
-        else:
-            totals = head.exact_product(digit_values(torch.from_numpy(digits)))
+            products = int8_matmul(torch.from_numpy(digits), head.weight)
+            return torch.from_numpy(fused.digit_logits(products, steps, self._constant(head.scale)))
+        totals = head.exact_product(digit_values(torch.from_numpy(digits)))
         return torch.from_numpy(fused.total_logits(totals, steps, self._constant(head.scale)))
 
 
