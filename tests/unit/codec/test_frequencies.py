@@ -111,7 +111,7 @@ def _compiled_and_torch(table: Callable[..., T], *args: Any) -> tuple[T, T]:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(WIDE, min_size=1, max_size=6), st.integers(1, 299), st.sampled_from([16, 24, 32]))
 def test_the_compiled_tables_equal_torchs_integers(rows: list[list[int]], k: int, precision: int) -> None:
-    """The compiled loop (histogram selection, then a sort) and torch's topk path give the same ids and
+    """The compiled loop (histogram selection, then keys ordered bucket by bucket) and torch's topk path give the same ids and
     CDFs — ties, clamped logits, equal rows and k close to the vocabulary included."""
     width = min(len(r) for r in rows)
     logits = torch.tensor([r[:width] for r in rows])
@@ -124,7 +124,10 @@ def test_the_compiled_tables_equal_torchs_integers(rows: list[list[int]], k: int
 def test_the_compiled_tables_handle_a_flat_row_and_a_real_vocabulary() -> None:
     flat = torch.zeros(2, 49152, dtype=torch.int64)
     spread = (torch.randn(3, 49152, generator=torch.Generator().manual_seed(2)) * 5 * 65536).to(torch.int64)
-    for logits in (flat, spread):
+    clustered = spread.clone()  # buckets of 1/16 nat holding hundreds of keys beside buckets of a few
+    clustered[:, :600] = clustered[:, :600] % 4096 + 40 * 65536
+    clustered[:, 600:700] = clustered[:, 600:700] % 4096 + 39 * 65536
+    for logits in (flat, spread, clustered):
         compiled, expected = _compiled_and_torch(frequency_tables, logits, 1024, 32)
         assert torch.equal(compiled[0], expected[0]) and torch.equal(compiled[1], expected[1])
 
