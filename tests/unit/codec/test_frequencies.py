@@ -111,8 +111,8 @@ def _compiled_and_torch(table: Callable[..., T], *args: Any) -> tuple[T, T]:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(WIDE, min_size=1, max_size=6), st.integers(1, 299), st.sampled_from([16, 24, 32]))
 def test_the_compiled_tables_equal_torchs_integers(rows: list[list[int]], k: int, precision: int) -> None:
-    """The compiled loop (histogram selection, then keys ordered bucket by bucket) and torch's topk path give the same ids and
-    CDFs — ties, clamped logits, equal rows and k close to the vocabulary included."""
+    """The compiled loop (histogram selection, then keys ordered bucket by bucket) and torch's topk path give
+    the same ids and CDFs — ties, clamped logits, equal rows and k close to the vocabulary included."""
     width = min(len(r) for r in rows)
     logits = torch.tensor([r[:width] for r in rows])
     k = min(k, width - 1, (1 << precision) - 2)

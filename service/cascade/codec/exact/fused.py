@@ -321,23 +321,26 @@ try:
                     total += fix_value[r, f] * np.int64(w[fix_index[r, f]])
                 out[r, j] = float(total)
 
+    @numba.njit(inline="always", error_model="numpy", fastmath=False)
+    def _logit(total: float, step: float, scale: float) -> Any:  # pragma: no cover - compiled
+        """An integer logit from the output layer's exact integer product: × (step·scale), rint."""
+        return np.int64(_rint(total * (step * scale)))
+
     @_RowKernel
     def _total_logits(totals: Any, steps: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
         rows, vocab = out.shape
         for r in prange(rows):
-            step = steps[r]
             for j in range(vocab):
-                out[r, j] = np.int64(_rint(totals[r, j] * (step * scale[j])))
+                out[r, j] = _logit(totals[r, j], steps[r], scale[j])
 
     @_RowKernel
     def _digit_logits(products: Any, steps: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled
         rows, vocab = out.shape
         for r in prange(rows):
-            step = steps[r]
             for j in range(vocab):
                 total = ((np.int64(products[r, j]) * 128 + np.int64(products[rows + r, j])) * 128
                          + np.int64(products[2 * rows + r, j]))
-                out[r, j] = np.int64(_rint(float(total) * (step * scale[j])))
+                out[r, j] = _logit(float(total), steps[r], scale[j])
 
     @kernel_cache.njit(parallel=True, nogil=True, error_model="numpy", fastmath=False)
     def _int8_product(m: Any, weight_rows: Any, out: Any) -> None:  # pragma: no cover - compiled
