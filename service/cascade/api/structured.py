@@ -60,8 +60,8 @@ def _check_size(size: int, settings: Settings, param: str, what: str) -> None:
 
 
 async def json_grammar(schema: dict[str, Any] | str, settings: Settings,
-                               param: str = "response_format.json_schema.schema", *, any_whitespace: bool = False,
-                               strict: bool = True) -> str:
+                       param: str = "response_format.json_schema.schema", *, any_whitespace: bool = False,
+                       strict: bool = True) -> str:
     """EBNF for JSON documents valid under ``schema``, written compactly as ``json.dumps(...,
     separators=(",", ":"))`` unless ``any_whitespace`` (any whitespace between tokens, vLLM's default);
     ``strict``: no property the schema does not name.
@@ -113,7 +113,7 @@ async def output_constraint(request: SamplingFields, settings: Settings) -> Cons
         schema: dict[str, Any] | str = ANY_OBJECT if wanted.json_ is None else wanted.json_
         param = "structured_outputs.json_object" if wanted.json_object else "structured_outputs.json"
         return Constraint(grammar=await json_grammar(schema, settings, param, any_whitespace=spaced,
-                                                             strict=strict), source=source)
+                                                     strict=strict), source=source)
     if wanted.choice is not None:
         _check_size(sum(len(c.encode()) for c in wanted.choice), settings, "structured_outputs.choice", "holds")
         return Constraint(choice=tuple(wanted.choice), source=source)
