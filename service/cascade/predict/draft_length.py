@@ -15,9 +15,9 @@ from typing import Protocol
 
 
 class DraftLength(Protocol):
-    def length(self, evidence: int) -> int:
-        """Tokens to draft for a source that agrees with the output's last ``evidence`` bytes (the
-        caller also caps it by K and the room left)."""
+    def length(self, evidence: int, rows: int = 1) -> int:
+        """Tokens to draft for a source that agrees with the output's last ``evidence`` bytes, in an
+        engine step that verifies ``rows`` requests (the caller also caps it by K and the room left)."""
 
 
 class FixedLength:
@@ -26,17 +26,29 @@ class FixedLength:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def length(self, evidence: int) -> int:
+    def length(self, evidence: int, rows: int = 1) -> int:
         return self.k
 
 
 class ConfidenceLength:
-    """About one drafted token per ``bytes_per_token`` bytes of evidence, between ``floor`` and K."""
+    """About one drafted token per ``bytes_per_token`` bytes of evidence, between ``floor`` and K; in a
+    step that verifies ``rows`` requests, each other request raises the bytes a token needs by
+    ``crowding`` of them (0.5: eight rows need 4.5×).
 
-    def __init__(self, k_max: int, bytes_per_token: float = 1.3, floor: int = 2) -> None:
+    Why crowding: a drafted token costs the step about what another prompt token costs a prefill (on
+    vLLM's CPU backend, SmolLM2-135M: ~1 ms against ~25 ms for a one-token step), and every request of
+    the step waits for it, while a step of many requests already writes many tokens. So a draft must be
+    likelier to be right the more requests share the step: at concurrency 8 through HTTP, 0 / 0.5 / 1 /
+    2 gave 1.36 / 1.44 / 1.41 / 1.27× no prediction (benchmarks/RESULTS.md, "Drafts under load"). Held
+    anchors keep drafting K (their evidence is the whole stretch they held); fresh anchors and copies
+    draft shorter. A lone request (and ``simulate``) is unchanged."""
+
+    def __init__(self, k_max: int, bytes_per_token: float = 1.3, floor: int = 2, crowding: float = 0.5) -> None:
         self.k_max = k_max
         self.bytes_per_token = max(0.25, bytes_per_token)
         self.floor = max(1, min(floor, k_max))
+        self.crowding = max(0.0, crowding)
 
-    def length(self, evidence: int) -> int:
-        return max(self.floor, min(self.k_max, int(evidence / self.bytes_per_token)))
+    def length(self, evidence: int, rows: int = 1) -> int:
+        per_token = self.bytes_per_token * (1 + self.crowding * max(0, rows - 1))
+        return max(self.floor, min(self.k_max, int(evidence / per_token)))

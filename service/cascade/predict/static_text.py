@@ -116,6 +116,7 @@ class PredictionState:
         self.drafted_by_source = dict.fromkeys(SOURCES, 0)
         self.accepted_by_source = dict.fromkeys(SOURCES, 0)
         self.reanchors = 0
+        self._rows = 1
 
     @property
     def text(self) -> bytes:
@@ -241,10 +242,12 @@ class PredictionState:
             return False
         return self.tail[:-1].rsplit(NEWLINE, 1)[-1].lstrip().startswith(b"```")
 
-    def propose(self, limit: int) -> list[int]:
-        """Up to ``limit`` draft tokens from the source with the most evidence; nothing without one."""
+    def propose(self, limit: int, rows: int = 1) -> list[int]:
+        """Up to ``limit`` draft tokens from the source with the most evidence; nothing without one.
+        ``rows``: requests verified in the same engine step (see ``DraftLength``)."""
         if limit <= 0:
             return []
+        self._rows = rows
         source: Source | None = None
         evidence = 0
         if 0 <= self.cursor < len(self.text):
@@ -275,7 +278,7 @@ class PredictionState:
                 return guess
         if source is None:
             return []
-        n = min(limit, self.lengths.length(evidence if source == "prediction" else int(evidence * self.copy_trust)))
+        n = min(limit, self._length(evidence if source == "prediction" else int(evidence * self.copy_trust)))
         if source == "prediction":
             draft = self.spellings[self.spelling].tokens_at(self.cursor, n)
         else:
@@ -286,7 +289,7 @@ class PredictionState:
                 # a copy that only re-spells the prediction's own text drafts prediction tokens: the
                 # prediction drafts them, as far as the longer of the two drafts
                 own = self.spellings[self.spelling].tokens_at(
-                    self.cursor, max(len(draft), min(limit, self.lengths.length(self.evidence))))
+                    self.cursor, max(len(draft), min(limit, self._length(self.evidence))))
                 if len(own) >= len(draft) and own[:len(draft)] == draft:
                     source, draft = "prediction", own
         if source == "prediction" and len(draft) >= AGREEING_TOKENS:
@@ -294,6 +297,9 @@ class PredictionState:
         self.last_proposal, self.last_source = draft, source
         self.drafted_by_source[source] += len(draft)
         return draft
+
+    def _length(self, evidence: int) -> int:
+        return self.lengths.length(evidence, self._rows)
 
     def _lengthen_on_agreement(self, draft: list[int], continuations: list[tuple[list[int], int]],
                                limit: int) -> list[int]:
@@ -303,7 +309,7 @@ class PredictionState:
         0.78 against 0.33 where the prompt's n-gram disagrees, on 8–16 bytes of evidence), and the
         first tokens are where a fresh anchor's drafts are lost."""
         bonus = sum(ngram_bytes for tokens, ngram_bytes in continuations if tokens == draft[:AGREEING_TOKENS])
-        longer = min(limit, self.lengths.length(self.evidence + int(self.agreement_bonus * bonus)))
+        longer = min(limit, self._length(self.evidence + int(self.agreement_bonus * bonus)))
         if not bonus or longer <= len(draft):
             return draft
         return self.spellings[self.spelling].tokens_at(self.cursor, longer)

@@ -160,6 +160,7 @@ class StaticTextProposer:
         self._bound = False
         self.release_finished()
         drafts: list[list[int]] = []
+        rows = sum(1 for sampled in sampled_token_ids if sampled)  # requests this step verifies
         for row, sampled in enumerate(sampled_token_ids):
             req_id = self._rows[row] if row < len(self._rows) else None
             state = self._state(req_id, token_ids_cpu, row) if req_id is not None else None
@@ -174,7 +175,7 @@ class StaticTextProposer:
             self.ledgers[req_id].record(len(sampled), drafted, state.prediction_accepted - accepted)
             total = int(num_tokens_no_spec[row])
             draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
-                                             self._tokens_left(req_id, total) - 1)))
+                                             self._tokens_left(req_id, total) - 1)), rows)
             drafts.append(draft)
             log = self.logs.get(req_id)
             if log is not None:

@@ -86,3 +86,17 @@ def test_a_finished_response_drafts_for_the_next_request_of_its_user(
         draft = proposer.propose([answer[:3]], np.array([4]), None)[0]
         assert (draft == answer[3:3 + len(draft)] and len(draft) > 0) is drafts
         assert (proposer.states[req_id].last_source == "responses") is drafts
+
+
+def test_requests_verified_together_draft_shorter_than_one_alone(monkeypatch: pytest.MonkeyPatch,
+                                                                 toy: ToyTokenizer) -> None:
+    """The adapter tells each request's state how many requests the engine step verifies."""
+    prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
+    drafts: dict[int, list[int]] = {}
+    for rows in (1, 8):
+        proposer = toy_proposer(monkeypatch, toy, 64)
+        names = [f"r{i}" for i in range(rows)]
+        proposer.bind_batch(names, {name: request(toy, prompt, True) for name in names})
+        drafts[rows] = proposer.propose([written] * rows, np.array([len(prompt) + len(written)] * rows), None)[0]
+    assert drafts[8] and len(drafts[8]) < len(drafts[1]) and drafts[8] == drafts[1][:len(drafts[8])]

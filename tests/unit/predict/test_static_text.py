@@ -405,3 +405,16 @@ def test_a_sampled_answer_of_fences_that_never_follows_the_prediction_draws_no_d
     useless = tok.encode("§§§ ¤¤¤ ¶¶¶\nnothing here is written\n".encode())
     assert simulate(target, useless, tok, 16, sampled=True).proposed == 0
     assert simulate(target, useless, tok, 16).proposed > 0  # greedy: the output is the same whatever is drafted
+
+
+def test_a_fresh_anchor_drafts_shorter_in_a_crowded_step_and_a_held_one_does_not() -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode_text(CODE * 3)
+    fresh = PredictionState(ids, tok, k=64)
+    fresh.observe(ids[:20])
+    fresh.evidence = 40
+    alone, crowded = fresh.propose(64), fresh.propose(64, rows=8)
+    assert len(crowded) < len(alone) and crowded == alone[:len(crowded)]
+    held = PredictionState(ids, tok, k=64)
+    held.observe(ids[:20])  # the prediction's start: its whole text is the evidence
+    assert len(held.propose(64, rows=8)) == len(held.propose(64)) == 64
