@@ -71,6 +71,7 @@ class StaticTextProposer:
         self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
         self.scopes: dict[str, str] = {}
+        self.seeded: set[str] = set()  # drafts as if alone, whatever else the step verifies
         self.responses = ResponseCache(
             int((getattr(vllm_config, "additional_config", None) or {}).get(RESPONSE_CACHE_KEY, 0)))
         self.logs: dict[str, PredictionDebugLog] = {}
@@ -106,12 +107,15 @@ class StaticTextProposer:
         params = getattr(request, "sampling_params", None)
         sampled = is_sampled(params)
         # a seeded sample depends on the drafts: only the request's own may shape it, so it repeats
-        responses = None if sampled and getattr(params, "seed", None) is not None else self.responses.source(scope)
+        seeded = sampled and getattr(params, "seed", None) is not None
+        responses = None if seeded else self.responses.source(scope)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
                                 sampled=sampled, responses=responses)
         self.states[req_id] = state
         self.scopes[req_id] = scope
+        if seeded:
+            self.seeded.add(req_id)
         self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
         if log is not None:
@@ -130,6 +134,7 @@ class StaticTextProposer:
         for req_id in finished:
             state = self.states.pop(req_id, None)
             scope = self.scopes.pop(req_id, "")
+            self.seeded.discard(req_id)
             if state is not None:
                 self.responses.add(scope, state.output_tokens)
             ledger = self.ledgers.pop(req_id, None)
@@ -175,7 +180,8 @@ class StaticTextProposer:
             self.ledgers[req_id].record(len(sampled), drafted, state.prediction_accepted - accepted)
             total = int(num_tokens_no_spec[row])
             draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
-                                             self._tokens_left(req_id, total) - 1)), rows)
+                                             self._tokens_left(req_id, total) - 1)),
+                                   1 if req_id in self.seeded else rows)
             drafts.append(draft)
             log = self.logs.get(req_id)
             if log is not None:

@@ -100,3 +100,19 @@ def test_requests_verified_together_draft_shorter_than_one_alone(monkeypatch: py
         proposer.bind_batch(names, {name: request(toy, prompt, True) for name in names})
         drafts[rows] = proposer.propose([written] * rows, np.array([len(prompt) + len(written)] * rows), None)[0]
     assert drafts[8] and len(drafts[8]) < len(drafts[1]) and drafts[8] == drafts[1][:len(drafts[8])]
+
+
+def test_a_seeded_sampled_request_drafts_as_if_alone_in_a_crowded_step(monkeypatch: pytest.MonkeyPatch,
+                                                                       toy: ToyTokenizer) -> None:
+    """Its drafts decide which sample its seed gives: other requests in the step must not change them."""
+    prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
+    drafts: dict[int, list[int]] = {}
+    for rows in (1, 8):
+        proposer = toy_proposer(monkeypatch, toy, 64)
+        names = [f"r{i}" for i in range(rows)]
+        requests = {name: request(toy, prompt, True) for name in names}
+        requests["r0"].sampling_params.seed = 7
+        proposer.bind_batch(names, requests)
+        drafts[rows] = proposer.propose([written] * rows, np.array([len(prompt) + len(written)] * rows), None)[0]
+    assert drafts[1] and drafts[8] == drafts[1]
