@@ -88,31 +88,29 @@ def test_a_finished_response_drafts_for_the_next_request_of_its_user(
         assert (proposer.states[req_id].last_source == "responses") is drafts
 
 
+
+def first_row_draft(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer, rows: int,
+                    seed: int | None = None) -> list[int]:
+    """The draft of the first of ``rows`` like requests verified in one step (``seed``: the first one's)."""
+    prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
+    proposer = toy_proposer(monkeypatch, toy, 64)
+    names = [f"r{i}" for i in range(rows)]
+    requests = {name: request(toy, prompt, True) for name in names}
+    requests["r0"].sampling_params.seed = seed
+    proposer.bind_batch(names, requests)
+    return proposer.propose([written] * rows, np.array([len(prompt) + len(written)] * rows), None)[0]
+
+
 def test_requests_verified_together_draft_shorter_than_one_alone(monkeypatch: pytest.MonkeyPatch,
                                                                  toy: ToyTokenizer) -> None:
     """The adapter tells each request's state how many requests the engine step verifies."""
-    prompt = toy.encode_text(PROMPT)
-    written = toy.encode_text("def helper")
-    drafts: dict[int, list[int]] = {}
-    for rows in (1, 8):
-        proposer = toy_proposer(monkeypatch, toy, 64)
-        names = [f"r{i}" for i in range(rows)]
-        proposer.bind_batch(names, {name: request(toy, prompt, True) for name in names})
-        drafts[rows] = proposer.propose([written] * rows, np.array([len(prompt) + len(written)] * rows), None)[0]
-    assert drafts[8] and len(drafts[8]) < len(drafts[1]) and drafts[8] == drafts[1][:len(drafts[8])]
+    alone, crowded = first_row_draft(monkeypatch, toy, 1), first_row_draft(monkeypatch, toy, 8)
+    assert crowded and len(crowded) < len(alone) and crowded == alone[:len(crowded)]
 
 
 def test_a_seeded_sampled_request_drafts_as_if_alone_in_a_crowded_step(monkeypatch: pytest.MonkeyPatch,
                                                                        toy: ToyTokenizer) -> None:
     """Its drafts decide which sample its seed gives: other requests in the step must not change them."""
-    prompt = toy.encode_text(PROMPT)
-    written = toy.encode_text("def helper")
-    drafts: dict[int, list[int]] = {}
-    for rows in (1, 8):
-        proposer = toy_proposer(monkeypatch, toy, 64)
-        names = [f"r{i}" for i in range(rows)]
-        requests = {name: request(toy, prompt, True) for name in names}
-        requests["r0"].sampling_params.seed = 7
-        proposer.bind_batch(names, requests)
-        drafts[rows] = proposer.propose([written] * rows, np.array([len(prompt) + len(written)] * rows), None)[0]
-    assert drafts[1] and drafts[8] == drafts[1]
+    alone = first_row_draft(monkeypatch, toy, 1, seed=7)
+    assert alone and first_row_draft(monkeypatch, toy, 8, seed=7) == alone
