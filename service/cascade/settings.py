@@ -61,6 +61,11 @@ class Settings(BaseSettings):
         "kept in memory for `previous_response_id` and `GET /v1/responses/{id}` (the oldest dropped first; 0: "
         "none kept)."
     )
+    prediction_draft_crowding: float = Field(
+        0.5, ge=0.0, le=8.0, description="Share by which each other request in an engine step raises the evidence "
+        "a drafted prediction token needs (0.5: eight requests need 4.5×; on a CPU a drafted token costs the whole "
+        "step ~1 ms). 0: draft as for a lone request (a GPU, where a verified token costs a step little)."
+    )
     prediction_response_cache_tokens: int = Field(
         32768, ge=0, description="Tokens of earlier responses to `prediction` requests kept by the prediction engine "
         "as a draft source, over all `user` scopes (each `user` drafts from its own; ~1.5 KB of memory a token; 0: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cascade.engine.config import CPU_KV_CACHE_MIB, EngineRole, engine_kwargs
 from cascade.settings import Settings
+from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY
 
 
 def test_cpu_engines_get_fixed_kv_cache_sizes() -> None:
@@ -30,3 +31,8 @@ def test_explicit_kv_cache_sizes_win_on_any_device() -> None:
 
 def test_the_codec_runs_on_no_vllm_engine() -> None:
     assert {role.value for role in EngineRole} == {"main", "predict"}
+
+
+def test_the_draft_crowding_setting_reaches_the_prediction_engine() -> None:
+    kwargs = engine_kwargs(Settings(prediction_draft_crowding=0.0), EngineRole.PREDICT, cpu=True)
+    assert kwargs["additional_config"][DRAFT_CROWDING_KEY] == 0.0

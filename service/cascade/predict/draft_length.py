@@ -43,7 +43,9 @@ class ConfidenceLength:
     anchors keep drafting K (their evidence is the whole stretch they held); fresh anchors and copies
     draft shorter. A lone request (and ``simulate``) is unchanged."""
 
-    def __init__(self, k_max: int, bytes_per_token: float = 1.3, floor: int = 2, crowding: float = 0.5) -> None:
+    CROWDING = 0.5
+
+    def __init__(self, k_max: int, bytes_per_token: float = 1.3, floor: int = 2, crowding: float = CROWDING) -> None:
         self.k_max = k_max
         self.bytes_per_token = max(0.25, bytes_per_token)
         self.floor = max(1, min(floor, k_max))

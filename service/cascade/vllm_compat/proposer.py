@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from cascade.predict.debug_log import PredictionDebugLog
-from cascade.predict.draft_length import DraftLength, FixedLength
+from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
 from cascade.predict.response_cache import ResponseCache
 from cascade.predict.static_text import PredictionState
 from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
-from cascade.vllm_compat.request_keys import RESPONSE_CACHE_KEY, prediction_spec
+from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY, RESPONSE_CACHE_KEY, prediction_spec
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 PROPOSER = "cascade.vllm_compat.proposer.StaticTextProposer"
@@ -72,8 +72,9 @@ class StaticTextProposer:
         self.states: dict[str, PredictionState] = {}
         self.scopes: dict[str, str] = {}
         self.seeded: set[str] = set()  # drafts as if alone, whatever else the step verifies
-        self.responses = ResponseCache(
-            int((getattr(vllm_config, "additional_config", None) or {}).get(RESPONSE_CACHE_KEY, 0)))
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        self.responses = ResponseCache(int(extra.get(RESPONSE_CACHE_KEY, 0)))
+        self.crowding = float(extra.get(DRAFT_CROWDING_KEY, ConfidenceLength.CROWDING))
         self.logs: dict[str, PredictionDebugLog] = {}
         self.ledgers: dict[str, PredictionLedger] = {}
         self.finished_ledgers = FinishedLedgers()
@@ -101,8 +102,10 @@ class StaticTextProposer:
         prompt = getattr(request, "prompt_token_ids", None)
         if prompt is None and token_ids_cpu is not None:
             prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
-        # adaptive requests take ``PredictionState``'s own default, the one ``simulate`` runs
-        lengths: DraftLength | None = None if spec.get("adaptive", True) else FixedLength(self.k)
+        # adaptive requests draft as ``PredictionState``'s default does (what ``simulate`` runs), with
+        # the configured crowding (one request alone drafts alike whatever it is)
+        adaptive = spec.get("adaptive", True)
+        lengths: DraftLength = ConfidenceLength(self.k, crowding=self.crowding) if adaptive else FixedLength(self.k)
         scope = str(spec.get("scope", ""))
         params = getattr(request, "sampling_params", None)
         sampled = is_sampled(params)

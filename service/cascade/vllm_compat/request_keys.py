@@ -11,6 +11,7 @@ from typing import Any
 EXPORT_KEY = "cascade_export"
 PREDICTION_KEY = "cascade_prediction"
 RESPONSE_CACHE_KEY = "cascade_response_cache_tokens"  # of the prediction engine's ``additional_config``
+DRAFT_CROWDING_KEY = "cascade_draft_crowding"  # of the prediction engine's ``additional_config``
 
 
 def export_extra_args() -> dict[str, Any]:

@@ -90,11 +90,11 @@ def test_a_finished_response_drafts_for_the_next_request_of_its_user(
 
 
 def first_row_draft(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer, rows: int,
-                    seed: int | None = None) -> list[int]:
+                    seed: int | None = None, crowding: float = 0.5) -> list[int]:
     """The draft of the first of ``rows`` like requests verified in one step (``seed``: the first one's)."""
     prompt = toy.encode_text(PROMPT)
     written = toy.encode_text("def helper")
-    proposer = toy_proposer(monkeypatch, toy, 64)
+    proposer = toy_proposer(monkeypatch, toy, 64, crowding=crowding)
     names = [f"r{i}" for i in range(rows)]
     requests = {name: request(toy, prompt, True) for name in names}
     requests["r0"].sampling_params.seed = seed
@@ -114,3 +114,9 @@ def test_a_seeded_sampled_request_drafts_as_if_alone_in_a_crowded_step(monkeypat
     """Its drafts decide which sample its seed gives: other requests in the step must not change them."""
     alone = first_row_draft(monkeypatch, toy, 1, seed=7)
     assert alone and first_row_draft(monkeypatch, toy, 8, seed=7) == alone
+
+
+def test_crowding_zero_drafts_in_a_crowded_step_as_alone(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer) -> None:
+    """``prediction_draft_crowding`` 0 (a GPU): the step's other requests do not shorten drafts."""
+    alone = first_row_draft(monkeypatch, toy, 1, crowding=0)
+    assert alone and first_row_draft(monkeypatch, toy, 8, crowding=0) == alone

@@ -110,17 +110,19 @@ def fresh(cls: type) -> type:
     return type(f"Fresh{cls.__name__}", (cls,), {})
 
 
-def toy_proposer(monkeypatch: Any, vocabulary: Any, k: int, response_cache_tokens: int = 0) -> Any:
+def toy_proposer(monkeypatch: Any, vocabulary: Any, k: int, response_cache_tokens: int = 0,
+                 crowding: float = 0.5) -> Any:
     """The real ``StaticTextProposer`` over a toy vocabulary (no tokenizer is loaded), drafting ≤ ``k``,
-    keeping ``response_cache_tokens`` of earlier responses."""
+    keeping ``response_cache_tokens`` of earlier responses, with the given draft ``crowding``."""
     import pytest
     from cascade.vllm_compat.proposer import StaticTextProposer
-    from cascade.vllm_compat.request_keys import RESPONSE_CACHE_KEY
+    from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY, RESPONSE_CACHE_KEY
 
     vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
     monkeypatch.setattr(vllm_tokenizers, "get_tokenizer", lambda *a, **kw: None)
     monkeypatch.setattr("cascade.vllm_compat.proposer.tokenizer_vocabulary", lambda tokenizer: vocabulary)
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                              model_config=SimpleNamespace(max_model_len=256, tokenizer="toy", trust_remote_code=False),
-                             additional_config={RESPONSE_CACHE_KEY: response_cache_tokens})
+                             additional_config={RESPONSE_CACHE_KEY: response_cache_tokens,
+                                                DRAFT_CROWDING_KEY: crowding})
     return StaticTextProposer(config)
