@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cascade.engine.config import CPU_KV_CACHE_MIB, EngineRole, engine_kwargs
+from cascade.predict.draft_length import ConfidenceLength
 from cascade.settings import Settings
 from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY
 
@@ -36,3 +37,8 @@ def test_the_codec_runs_on_no_vllm_engine() -> None:
 def test_the_draft_crowding_setting_reaches_the_prediction_engine() -> None:
     kwargs = engine_kwargs(Settings(prediction_draft_crowding=0.0), EngineRole.PREDICT, cpu=True)
     assert kwargs["additional_config"][DRAFT_CROWDING_KEY] == 0.0
+
+
+def test_the_service_default_crowding_is_the_one_simulate_runs() -> None:
+    """A replay of a request in a crowded step (``PredictionState``'s default lengths) drafts as the service does."""
+    assert Settings().prediction_draft_crowding == ConfidenceLength.CROWDING
