@@ -88,7 +88,6 @@ def test_a_finished_response_drafts_for_the_next_request_of_its_user(
         assert (proposer.states[req_id].last_source == "responses") is drafts
 
 
-
 def first_row_draft(monkeypatch: pytest.MonkeyPatch, toy: ToyTokenizer, rows: int,
                     seed: int | None = None, crowding: float = 0.5) -> list[int]:
     """The draft of the first of ``rows`` like requests verified in one step (``seed``: the first one's)."""
