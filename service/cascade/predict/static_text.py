@@ -116,7 +116,6 @@ class PredictionState:
         self.drafted_by_source = dict.fromkeys(SOURCES, 0)
         self.accepted_by_source = dict.fromkeys(SOURCES, 0)
         self.reanchors = 0
-        self._rows = 1
 
     @property
     def text(self) -> bytes:
@@ -247,7 +246,6 @@ class PredictionState:
         ``rows``: requests verified in the same engine step (see ``DraftLength``)."""
         if limit <= 0:
             return []
-        self._rows = rows
         source: Source | None = None
         evidence = 0
         if 0 <= self.cursor < len(self.text):
@@ -278,7 +276,8 @@ class PredictionState:
                 return guess
         if source is None:
             return []
-        n = min(limit, self._length(evidence if source == "prediction" else int(evidence * self.copy_trust)))
+        trusted = evidence if source == "prediction" else int(evidence * self.copy_trust)
+        n = min(limit, self.lengths.length(trusted, rows))
         if source == "prediction":
             draft = self.spellings[self.spelling].tokens_at(self.cursor, n)
         else:
@@ -289,27 +288,24 @@ class PredictionState:
                 # a copy that only re-spells the prediction's own text drafts prediction tokens: the
                 # prediction drafts them, as far as the longer of the two drafts
                 own = self.spellings[self.spelling].tokens_at(
-                    self.cursor, max(len(draft), min(limit, self._length(self.evidence))))
+                    self.cursor, max(len(draft), min(limit, self.lengths.length(self.evidence, rows))))
                 if len(own) >= len(draft) and own[:len(draft)] == draft:
                     source, draft = "prediction", own
         if source == "prediction" and len(draft) >= AGREEING_TOKENS:
-            draft = self._lengthen_on_agreement(draft, continuations, limit)
+            draft = self._lengthen_on_agreement(draft, continuations, limit, rows)
         self.last_proposal, self.last_source = draft, source
         self.drafted_by_source[source] += len(draft)
         return draft
 
-    def _length(self, evidence: int) -> int:
-        return self.lengths.length(evidence, self._rows)
-
     def _lengthen_on_agreement(self, draft: list[int], continuations: list[tuple[list[int], int]],
-                               limit: int) -> list[int]:
+                               limit: int, rows: int) -> list[int]:
         """The prediction's draft, longer where n-grams of the prompt or the output continue the same
         way: each agreeing n-gram's bytes add ``agreement_bonus`` of themselves to the evidence. Two
         sources agreeing on the next tokens make a right first token much likelier (replayed edits:
         0.78 against 0.33 where the prompt's n-gram disagrees, on 8–16 bytes of evidence), and the
         first tokens are where a fresh anchor's drafts are lost."""
         bonus = sum(ngram_bytes for tokens, ngram_bytes in continuations if tokens == draft[:AGREEING_TOKENS])
-        longer = min(limit, self._length(self.evidence + int(self.agreement_bonus * bonus)))
+        longer = min(limit, self.lengths.length(self.evidence + int(self.agreement_bonus * bonus), rows))
         if not bonus or longer <= len(draft):
             return draft
         return self.spellings[self.spelling].tokens_at(self.cursor, longer)

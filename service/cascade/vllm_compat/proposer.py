@@ -71,7 +71,6 @@ class StaticTextProposer:
         self.vocab = tokenizer_vocabulary(tokenizer)
         self.states: dict[str, PredictionState] = {}
         self.scopes: dict[str, str] = {}
-        self.seeded: set[str] = set()  # drafts as if alone, whatever else the step verifies
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.responses = ResponseCache(int(extra.get(RESPONSE_CACHE_KEY, 0)))
         self.crowding = float(extra.get(DRAFT_CROWDING_KEY, ConfidenceLength.CROWDING))
@@ -102,23 +101,23 @@ class StaticTextProposer:
         prompt = getattr(request, "prompt_token_ids", None)
         if prompt is None and token_ids_cpu is not None:
             prompt = token_ids_cpu[row][:int(getattr(request, "num_prompt_tokens", 0) or 0)]
-        # adaptive requests draft as ``PredictionState``'s default does (what ``simulate`` runs), with
-        # the configured crowding (one request alone drafts alike whatever it is)
-        adaptive = spec.get("adaptive", True)
-        lengths: DraftLength = ConfidenceLength(self.k, crowding=self.crowding) if adaptive else FixedLength(self.k)
         scope = str(spec.get("scope", ""))
         params = getattr(request, "sampling_params", None)
         sampled = is_sampled(params)
-        # a seeded sample depends on the drafts: only the request's own may shape it, so it repeats
+        # a seeded sample depends on the drafts: only the request's own may shape them, so it repeats
+        # (no earlier responses, and drafts as long as alone however many requests share its steps)
         seeded = sampled and getattr(params, "seed", None) is not None
         responses = None if seeded else self.responses.source(scope)
+        # adaptive requests draft as ``PredictionState``'s default does (what ``simulate`` runs), with
+        # the configured crowding (one request alone drafts alike whatever it is)
+        crowding = 0.0 if seeded else self.crowding
+        adaptive = spec.get("adaptive", True)
+        lengths: DraftLength = ConfidenceLength(self.k, crowding=crowding) if adaptive else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
                                 sampled=sampled, responses=responses)
         self.states[req_id] = state
         self.scopes[req_id] = scope
-        if seeded:
-            self.seeded.add(req_id)
         self.ledgers[req_id] = PredictionLedger()
         log = PredictionDebugLog.open(req_id)
         if log is not None:
@@ -137,7 +136,6 @@ class StaticTextProposer:
         for req_id in finished:
             state = self.states.pop(req_id, None)
             scope = self.scopes.pop(req_id, "")
-            self.seeded.discard(req_id)
             if state is not None:
                 self.responses.add(scope, state.output_tokens)
             ledger = self.ledgers.pop(req_id, None)
@@ -183,8 +181,7 @@ class StaticTextProposer:
             self.ledgers[req_id].record(len(sampled), drafted, state.prediction_accepted - accepted)
             total = int(num_tokens_no_spec[row])
             draft = state.propose(max(0, min(self.k, self.max_model_len - total - 1,
-                                             self._tokens_left(req_id, total) - 1)),
-                                   1 if req_id in self.seeded else rows)
+                                             self._tokens_left(req_id, total) - 1)), rows)
             drafts.append(draft)
             log = self.logs.get(req_id)
             if log is not None:
