@@ -3,6 +3,7 @@
     python benchmarks/bench_predict_replay.py                  # 120 edits, both shapes, all proposers
     python benchmarks/bench_predict_replay.py --edits 40 --proposers cascade,ngram64
     python benchmarks/bench_predict_replay.py --rev cffb27b     # the edits as of that commit
+    python benchmarks/bench_predict_replay.py --repo ../flask --rev HEAD   # another project's history
 
 Each edit is one ``.py`` file before and after a commit of this repository, read with ``git`` at run
 time (nothing is copied into the repository); ``--rev`` fixes the newest commit, so a figure can be
@@ -19,7 +20,10 @@ last target token). Columns: tokens per target forward step (higher is better; n
 and the share of drafted tokens accepted. Proposers:
 
 - cascade: the service's proposer, exactly as the service runs it (``simulate`` defaults, K = 64,
-  the prompt's tokens passed as the service passes them);
+  the prompt's tokens passed as the service passes them, the code datastore the service builds for
+  the tokenizer from this environment's Python sources: ~25 s on the first run, then cached);
+- cascade-nostore: the same without the code datastore (``prediction_datastore_mib`` 0), to show
+  what it adds;
 - ngram K: vLLM 0.32's n-gram prompt lookup, ported: over prompt + output, the longest n-gram
   (``prompt_lookup_min``..``max``, 2..4 as this project's HTTP benchmark sets them) ending the
   context, at its earliest occurrence, drafts the ≤ K tokens that follow it;
@@ -55,6 +59,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "service"), str(REPO / "clients")]
+HISTORY = REPO  # whose git history the edits come from (``--repo``)
 
 Proposer = Callable[[Sequence[int], int], list[int]]
 PROMPT = "Apply the change to this file and answer with the whole new file.\n```python\n{before}```\n"
@@ -70,7 +75,7 @@ class Edit:
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
+    return subprocess.run(["git", "-C", str(HISTORY), *args], check=True, capture_output=True,
                           text=True, errors="replace").stdout
 
 
@@ -242,8 +247,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edits", type=int, default=120)
     parser.add_argument("--rev", default="HEAD", help="newest commit to take edits from")
+    parser.add_argument("--repo", type=Path, default=REPO,
+                        help="git repository (a bare one too) whose history gives the edits: this one by default; "
+                        "another project's is a check on edits the proposer was never tuned on")
     parser.add_argument("--k", type=int, default=64, help="Cascade's K (num_speculative_tokens)")
-    parser.add_argument("--proposers", default="cascade,ngram8,ngram64,suffix24,suffix128,diff")
+    parser.add_argument("--proposers", default="cascade,cascade-nostore,ngram8,ngram64,suffix24,suffix128,diff")
     parser.add_argument("--min-bytes", type=int, default=400)
     parser.add_argument("--max-bytes", type=int, default=16000)
     parser.add_argument("--min-similarity", type=float, default=0.5)
@@ -251,6 +259,8 @@ def main() -> None:
     parser.add_argument("--ngram-max", type=int, default=4)
     parser.add_argument("--model", default=str(REPO / "models" / "pycoder-23m"))
     args = parser.parse_args()
+    global HISTORY
+    HISTORY = args.repo
 
     from cascade.predict.simulator import simulate
     from cascade.vllm_compat.proposer import tokenizer_vocabulary
@@ -275,8 +285,9 @@ def main() -> None:
             target = encode(text)
             for name in names:
                 began = time.perf_counter()
-                if name == "cascade":
-                    result = simulate(target, prediction, vocab, args.k, prompt=prompt)
+                if name in ("cascade", "cascade-nostore"):
+                    store = None if name == "cascade-nostore" else "service"
+                    result = simulate(target, prediction, vocab, args.k, prompt=prompt, datastore=store)
                     outcome = (result.steps, result.proposed, result.accepted)
                 elif name == "diff":
                     proposer = diff_proposer(prediction, target)
@@ -297,7 +308,8 @@ def main() -> None:
                     tallies.setdefault(key, Tally()).add(len(target), steps, drafted, accepted)
 
     held = sum(e.held_out for e in edits)
-    print(f"{len(edits)} edits from {len({e.commit for e in edits})} commits of this repository up to "
+    where = "this repository" if HISTORY == REPO else str(HISTORY)
+    print(f"{len(edits)} edits from {len({e.commit for e in edits})} commits of {where} up to "
           f"{git('rev-parse', '--short', args.rev).strip()} "
           f"({len(edits) - held} tuned on, {held} held out); K = {args.k} for cascade; "
           f"{time.perf_counter() - started:.0f} s")
@@ -305,15 +317,15 @@ def main() -> None:
           "drafted tokens accepted")
     columns = [(shape, half) for shape in ("exact", "chat") for half in (None, False, True)]
     label = {None: "all", False: "tuned", True: "held-out"}
-    print(f"{'proposer':<11}" + "".join(f"{shape + ' ' + label[half]:>24}" for shape, half in columns))
+    print(f"{'proposer':<16}" + "".join(f"{shape + ' ' + label[half]:>26}" for shape, half in columns))
     best = {col: max((tallies[(p, *col)].per_step for p in peers), default=0.0) for col in columns}
     for name in names:
         cells = []
         for col in columns:
             tally = tallies[(name, *col)]
             ratio = tally.per_step / best[col] if best[col] else 0.0
-            cells.append(f"{tally.per_step:6.2f} {ratio:5.2f}× {100 * tally.share:4.0f} %")
-        print(f"{name:<11}" + "".join(f"{c:>24}" for c in cells))
+            cells.append(f"{tally.per_step:6.2f} {ratio:5.3f}× {100 * tally.share:5.1f} %")
+        print(f"{name:<16}" + "".join(f"{c:>26}" for c in cells))
     if "cascade" in names and peers:
         for shape in ("exact", "chat"):
             ours = tallies[("cascade", shape, None)].per_edit

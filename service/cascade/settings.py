@@ -66,6 +66,14 @@ class Settings(BaseSettings):
         "a drafted prediction token needs (0.5: eight requests need 4.5×; on a CPU a drafted token costs the whole "
         "step ~1 ms). 0: draft as for a lone request (a GPU, where a verified token costs a step little)."
     )
+    prediction_datastore_mib: int = Field(
+        32, ge=0, le=1024, description="MiB of this Python environment's own sources (standard library and installed "
+        "packages) the prediction engine drafts new code from, tokenised by the served model's tokenizer once "
+        "(~25 s for 32 MiB, then memory-mapped from the cache directory); 0: off."
+    )
+    prediction_datastore_dir: str | None = Field(
+        None, description="Where built code datastores are kept (default: $XDG_CACHE_HOME/cascade or ~/.cache/cascade)."
+    )
     prediction_response_cache_tokens: int = Field(
         32768, ge=0, description="Tokens of earlier responses to `prediction` requests kept by the prediction engine "
         "as a draft source, over all `user` scopes (each `user` drafts from its own; ~1.5 KB of memory a token; 0: "

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from cascade.engine.config import CPU_KV_CACHE_MIB, EngineRole, engine_kwargs
+from cascade.predict.datastore_corpus import DEFAULT_MIB
 from cascade.predict.draft_length import ConfidenceLength
 from cascade.settings import Settings
-from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY
+from cascade.vllm_compat.request_keys import DATASTORE_DIR_KEY, DATASTORE_MIB_KEY, DRAFT_CROWDING_KEY
 
 
 def test_cpu_engines_get_fixed_kv_cache_sizes() -> None:
@@ -37,6 +38,19 @@ def test_the_codec_runs_on_no_vllm_engine() -> None:
 def test_the_draft_crowding_setting_reaches_the_prediction_engine() -> None:
     kwargs = engine_kwargs(Settings(prediction_draft_crowding=0.0), EngineRole.PREDICT, cpu=True)
     assert kwargs["additional_config"][DRAFT_CROWDING_KEY] == 0.0
+
+
+def test_the_code_datastore_settings_reach_the_prediction_engine() -> None:
+    kwargs = engine_kwargs(Settings(prediction_datastore_mib=0, prediction_datastore_dir="/tmp/stores"),
+                           EngineRole.PREDICT, cpu=True)
+    assert kwargs["additional_config"][DATASTORE_MIB_KEY] == 0
+    assert kwargs["additional_config"][DATASTORE_DIR_KEY] == "/tmp/stores"
+
+
+def test_the_service_default_datastore_is_the_one_simulate_runs() -> None:
+    """``simulate``'s default datastore is ``datastore_for``'s default size in the default cache directory."""
+    assert Settings().prediction_datastore_mib == DEFAULT_MIB
+    assert Settings().prediction_datastore_dir is None
 
 
 def test_the_service_default_crowding_is_the_one_simulate_runs() -> None:

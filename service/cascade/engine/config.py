@@ -6,7 +6,12 @@ from enum import StrEnum
 from typing import Any
 
 from cascade.settings import Settings
-from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY, RESPONSE_CACHE_KEY
+from cascade.vllm_compat.request_keys import (
+    DATASTORE_DIR_KEY,
+    DATASTORE_MIB_KEY,
+    DRAFT_CROWDING_KEY,
+    RESPONSE_CACHE_KEY,
+)
 
 
 class EngineRole(StrEnum):
@@ -71,7 +76,9 @@ def engine_kwargs(settings: Settings, role: EngineRole, *, cpu: bool | None = No
         }
         kwargs["per_request_spec_decode_metrics"] = "summary"
         kwargs["additional_config"] = {RESPONSE_CACHE_KEY: settings.prediction_response_cache_tokens,
-                                       DRAFT_CROWDING_KEY: settings.prediction_draft_crowding}
+                                       DRAFT_CROWDING_KEY: settings.prediction_draft_crowding,
+                                       DATASTORE_MIB_KEY: settings.prediction_datastore_mib,
+                                       DATASTORE_DIR_KEY: settings.prediction_datastore_dir}
         kwargs["gpu_memory_utilization"] = settings.predict_memory_fraction or settings.memory_fraction
     kv_bytes = kv_cache_bytes(settings, role, on_cpu() if cpu is None else cpu)
     if kv_bytes is not None:

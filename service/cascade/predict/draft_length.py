@@ -19,6 +19,9 @@ class DraftLength(Protocol):
         """Tokens to draft for a source that agrees with the output's last ``evidence`` bytes, in an
         engine step that verifies ``rows`` requests (the caller also caps it by K and the room left)."""
 
+    def scale(self, rows: int) -> float:
+        """How many times the evidence of a lone request a drafted token needs in a step of ``rows``."""
+
 
 class FixedLength:
     """Always K: a plain static-text proposer (``adaptive: false`` requests and benchmarks)."""
@@ -28,6 +31,9 @@ class FixedLength:
 
     def length(self, evidence: int, rows: int = 1) -> int:
         return self.k
+
+    def scale(self, rows: int) -> float:
+        return 1.0
 
 
 class ConfidenceLength:
@@ -51,6 +57,8 @@ class ConfidenceLength:
         self.floor = max(1, min(floor, k_max))
         self.crowding = max(0.0, crowding)
 
+    def scale(self, rows: int) -> float:
+        return 1 + self.crowding * max(0, rows - 1)
+
     def length(self, evidence: int, rows: int = 1) -> int:
-        per_token = self.bytes_per_token * (1 + self.crowding * max(0, rows - 1))
-        return max(self.floor, min(self.k_max, int(evidence / per_token)))
+        return max(self.floor, min(self.k_max, int(evidence / (self.bytes_per_token * self.scale(rows)))))

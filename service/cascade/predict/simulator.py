@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
+from cascade.predict.code_datastore import CodeDatastore
+from cascade.predict.datastore_corpus import datastore_for
 from cascade.predict.draft_length import DraftLength
 from cascade.predict.static_text import Mode, PredictionState
 from cascade.predict.token_source import TokenNgramSource
@@ -45,15 +48,21 @@ class SimulationResult:
 def simulate(target: Sequence[int], prediction: Sequence[int], vocab: Vocabulary, k: int,
              prompt: Sequence[int] | None = None, mode: Mode = "smart",
              lengths: DraftLength | None = None, sampled: bool = False,
-             responses: TokenNgramSource | None = None) -> SimulationResult:
+             responses: TokenNgramSource | None = None,
+             datastore: CodeDatastore | Literal["service"] | None = "service") -> SimulationResult:
     """Generate ``target`` with drafts from ``prediction`` (and ``prompt``, the request's prompt token
     ids, as the service passes them); the output is always ``target`` itself. The defaults are the
     service's: the same ``PredictionState`` with the same defaults ``StaticTextProposer`` gives it.
     ``sampled``: draft as for a request sampled at a temperature above 0 (the replay still accepts
     only the target's tokens). ``responses``: earlier responses to draft from, as the service's response
-    cache gives them (``ResponseCache.source``; None: a lone request on a fresh service)."""
+    cache gives them (``ResponseCache.source``; None: a lone request on a fresh service). ``datastore``:
+    the code datastore to draft new code from; "service": the one the service builds for a tokenizer's
+    vocabulary with its default settings (``datastore_for``: none for other vocabularies), None: none,
+    as a service with ``prediction_datastore_mib`` 0 runs."""
+    if datastore == "service":
+        datastore = datastore_for(vocab)
     state = PredictionState(prediction, vocab, mode=mode, lengths=lengths, prompt_ids=prompt or (), k=k,
-                            sampled=sampled, responses=responses)
+                            sampled=sampled, responses=responses, datastore=datastore)
     result = SimulationResult(tokens=[], state=state)
     draft: list[int] = []
     while len(result.tokens) < len(target):

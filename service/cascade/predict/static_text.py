@@ -23,6 +23,11 @@ next drafts. Sources, best first:
    its output never follows drafts nothing at all, so a seed gives the sample it gives without one.
    Earlier responses of the same ``user`` (``responses``, the engine's ``ResponseCache``) are copied
    the same way: what suffix decoding's global tree gives vLLM, for retries and repeated edits.
+3. **Code written elsewhere** (``CodeDatastore``, this environment's Python sources): where nothing
+   of the request drafts, the most frequent continuation of the last few tokens in that corpus, while
+   its estimated probability stays at or above ``datastore_probability`` (raised in a step shared by
+   other requests, as ``DraftLength.scale`` raises draft lengths' evidence). Gated like the copies;
+   counted with the request's own successor guesses (``successors``).
 
 The source with more evidence drafts (ties: the prediction), and ``DraftLength`` turns its evidence
 (the matched bytes plus every byte it held since) into a draft length. Sources that agree lend each
@@ -41,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from cascade.predict.code_datastore import CodeDatastore
 from cascade.predict.draft_length import ConfidenceLength, DraftLength
 from cascade.predict.prediction_text import PredictionText, collapse_blank_lines
 from cascade.predict.successor_counts import SuccessorCounts
@@ -70,7 +76,9 @@ class PredictionState:
                  min_prompt_evidence: int = 0, min_output_evidence: int = 0, successor_n: int = 3,
                  min_successor_probability: float = 0.3, successor_below: int = 1, successor_tokens: int = 4,
                  copy_trust: float = 0.5, agreement_bonus: float = 0.75, sampled: bool = False,
-                 responses: TokenNgramSource | None = None, min_response_evidence: int = 0) -> None:
+                 responses: TokenNgramSource | None = None, min_response_evidence: int = 0,
+                 datastore: CodeDatastore | None = None, datastore_probability: float = 0.5,
+                 datastore_tokens: int = 4) -> None:
         self.vocab = vocab
         self.mode = mode
         self.sampled = sampled
@@ -106,6 +114,9 @@ class PredictionState:
         self.successor_tokens = successor_tokens
         self.agreement_bonus = agreement_bonus
         self.copy_trust = copy_trust  # a copy's evidence counts this much towards its draft length
+        self.datastore = datastore if mode == "smart" else None
+        self.datastore_probability = datastore_probability
+        self.datastore_tokens = datastore_tokens
         if mode == "smart" and prompt_ids:
             self.copies["prompt"].add(0, prompt_ids)
             self.successors.add(prompt_ids)
@@ -268,8 +279,7 @@ class PredictionState:
             if matched > evidence and matched >= needed:
                 source, evidence, copy_from = copy, matched, (copy, found)
         if copying and evidence < self.successor_below:
-            guess = self.successors.propose(self._context, min(limit, self.successor_tokens),
-                                            self.min_successor_probability)
+            guess = self._guess_new_text(limit, rows)
             if guess:
                 self.last_proposal, self.last_source = guess, "successors"
                 self.drafted_by_source["successors"] += len(guess)
@@ -296,6 +306,25 @@ class PredictionState:
         self.last_proposal, self.last_source = draft, source
         self.drafted_by_source[source] += len(draft)
         return draft
+
+    def _guess_new_text(self, limit: int, rows: int) -> list[int]:
+        """New text, drafted as the last few tokens continued most often in the request itself or in code
+        elsewhere (the datastore), whichever is surer of its first token. Code elsewhere adds ~4 % tokens
+        per step on replayed edits at the same accepted share; a step shared by more requests needs a
+        likelier draft from it."""
+        own = self.successors.propose(self._context, min(limit, self.successor_tokens), self.min_successor_probability)
+        if self.datastore is None:
+            return own
+        elsewhere = self.datastore.successor(self._context)
+        if elsewhere is None or (own and (elsewhere[0] == own[0] or elsewhere[1] <= self._own_share())):
+            return own
+        scale = self.lengths.scale(rows) if rows > 1 else 1.0
+        needed = 1 - (1 - self.datastore_probability) / scale
+        return self.datastore.propose(self._context, min(limit, self.datastore_tokens), needed) or own
+
+    def _own_share(self) -> float:
+        found = self.successors.successor(self._context)
+        return found[1] if found else 0.0
 
     def _lengthen_on_agreement(self, draft: list[int], continuations: list[tuple[list[int], int]],
                                limit: int, rows: int) -> list[int]:

@@ -34,6 +34,19 @@ class SuccessorCounts:
                 self._totals[key] = self._totals.get(key, 0) + 1
             self._recent = [*self._recent, token][-self.max_n:]
 
+    def successor(self, context: Sequence[int], min_count: int = 2) -> tuple[int, float] | None:
+        """The most frequent successor of the context's longest suffix seen ≥ ``min_count`` times, with
+        its share of that suffix's successors."""
+        recent = [int(t) for t in context[-self.max_n:]]
+        for n in range(min(self.max_n, len(recent)), 0, -1):
+            key = tuple(recent[-n:])
+            total = self._totals.get(key, 0)
+            if total >= min_count:
+                successors = self._counts[key]
+                token = max(successors, key=successors.__getitem__)
+                return token, successors[token] / total
+        return None
+
     def propose(self, context: Sequence[int], k: int, min_probability: float, min_count: int = 2) -> list[int]:
         """Up to ``k`` tokens, each the most frequent successor of the longest known suffix (seen at
         least ``min_count`` times) of the context extended by the draft so far."""
@@ -41,16 +54,11 @@ class SuccessorCounts:
         draft: list[int] = []
         probability = 1.0
         while len(draft) < k:
-            for n in range(min(self.max_n, len(recent)), 0, -1):
-                key = tuple(recent[-n:])
-                total = self._totals.get(key, 0)
-                if total >= min_count:
-                    break
-            else:
+            found = self.successor(recent, min_count)
+            if found is None:
                 break
-            successors = self._counts[key]
-            token = max(successors, key=successors.__getitem__)
-            probability *= successors[token] / total
+            token, share = found
+            probability *= share
             if probability < min_probability:
                 break
             draft.append(token)

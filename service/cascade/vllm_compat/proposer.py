@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from cascade.predict.datastore_corpus import DEFAULT_MIB, datastore_for
 from cascade.predict.debug_log import PredictionDebugLog
 from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
 from cascade.predict.response_cache import ResponseCache
 from cascade.predict.static_text import PredictionState
 from cascade.predict.usage import FinishedLedgers, PredictionLedger, external_id
 from cascade.predict.vocabulary import TokenizerVocabulary, text_of, token_pieces
-from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY, RESPONSE_CACHE_KEY, prediction_spec
+from cascade.vllm_compat.request_keys import (
+    DATASTORE_DIR_KEY,
+    DATASTORE_MIB_KEY,
+    DRAFT_CROWDING_KEY,
+    RESPONSE_CACHE_KEY,
+    prediction_spec,
+)
 from cascade.vllm_compat.version import IncompatibleVllmError
 
 PROPOSER = "cascade.vllm_compat.proposer.StaticTextProposer"
@@ -74,6 +82,9 @@ class StaticTextProposer:
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.responses = ResponseCache(int(extra.get(RESPONSE_CACHE_KEY, 0)))
         self.crowding = float(extra.get(DRAFT_CROWDING_KEY, ConfidenceLength.CROWDING))
+        directory = extra.get(DATASTORE_DIR_KEY)
+        self.datastore = datastore_for(self.vocab, int(extra.get(DATASTORE_MIB_KEY, DEFAULT_MIB)),
+                                       Path(directory) if directory else None)
         self.logs: dict[str, PredictionDebugLog] = {}
         self.ledgers: dict[str, PredictionLedger] = {}
         self.finished_ledgers = FinishedLedgers()
@@ -105,9 +116,11 @@ class StaticTextProposer:
         params = getattr(request, "sampling_params", None)
         sampled = is_sampled(params)
         # a seeded sample depends on the drafts: only the request's own may shape them, so it repeats
-        # (no earlier responses, and drafts as long as alone however many requests share its steps)
+        # (no earlier responses or other code, and drafts as long as alone however many requests share
+        # its steps)
         seeded = sampled and getattr(params, "seed", None) is not None
         responses = None if seeded else self.responses.source(scope)
+        datastore = None if seeded else self.datastore
         # adaptive requests draft as ``PredictionState``'s default does (what ``simulate`` runs), with
         # the configured crowding (one request alone drafts alike whatever it is)
         crowding = 0.0 if seeded else self.crowding
@@ -115,7 +128,7 @@ class StaticTextProposer:
         lengths: DraftLength = ConfidenceLength(self.k, crowding=crowding) if adaptive else FixedLength(self.k)
         state = PredictionState(spec["ids"], self.vocab, mode=spec.get("mode", "smart"), lengths=lengths,
                                 prompt_ids=[int(t) for t in (prompt if prompt is not None else ())], k=self.k,
-                                sampled=sampled, responses=responses)
+                                sampled=sampled, responses=responses, datastore=datastore)
         self.states[req_id] = state
         self.scopes[req_id] = scope
         self.ledgers[req_id] = PredictionLedger()

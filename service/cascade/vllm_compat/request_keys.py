@@ -12,6 +12,8 @@ EXPORT_KEY = "cascade_export"
 PREDICTION_KEY = "cascade_prediction"
 RESPONSE_CACHE_KEY = "cascade_response_cache_tokens"  # of the prediction engine's ``additional_config``
 DRAFT_CROWDING_KEY = "cascade_draft_crowding"  # of the prediction engine's ``additional_config``
+DATASTORE_MIB_KEY = "cascade_datastore_mib"  # of the prediction engine's ``additional_config``
+DATASTORE_DIR_KEY = "cascade_datastore_dir"  # of the prediction engine's ``additional_config``
 
 
 def export_extra_args() -> dict[str, Any]:

@@ -119,3 +119,23 @@ def test_crowding_zero_drafts_in_a_crowded_step_as_alone(monkeypatch: pytest.Mon
     """``prediction_draft_crowding`` 0 (a GPU): the step's other requests do not shorten drafts."""
     alone = first_row_draft(monkeypatch, toy, 1, crowding=0)
     assert alone and first_row_draft(monkeypatch, toy, 8, crowding=0) == alone
+
+
+def test_code_elsewhere_drafts_for_a_request_but_never_for_a_seeded_sample(monkeypatch: pytest.MonkeyPatch,
+                                                                            toy: ToyTokenizer) -> None:
+    """Like earlier responses, code written elsewhere is not the request's own: it must not pick which sample
+    a seed gives."""
+    from cascade.predict.code_datastore import CodeDatastore
+    from vllm.sampling_params import SamplingType
+
+    new_code = toy.encode_text("class Pair:\n    def __init__(self, x, y):\n")
+    store = CodeDatastore.build([new_code] * 3)
+    proposer = toy_proposer(monkeypatch, toy, 8, datastore=store)
+    requests = {name: request(toy, [toy.id("x")], True) for name in ("greedy", "seeded")}
+    requests["greedy"].sampling_params.sampling_type = SamplingType.GREEDY
+    requests["seeded"].sampling_params.seed = 7
+    proposer.bind_batch(["greedy", "seeded"], requests)
+    drafts = proposer.propose([new_code[:4]] * 2, np.array([5, 5]), None)
+    assert drafts[0] and drafts[0] == new_code[4:4 + len(drafts[0])]
+    assert proposer.states["greedy"].last_source == "successors"
+    assert drafts[1] == [] and proposer.states["seeded"].datastore is None

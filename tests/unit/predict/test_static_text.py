@@ -3,6 +3,7 @@ and output as draft sources, re-tokenisation, per-source counts (no engine)."""
 
 from __future__ import annotations
 
+from cascade.predict.code_datastore import CodeDatastore
 from cascade.predict.draft_length import ConfidenceLength, FixedLength
 from cascade.predict.prediction_text import collapse_blank_lines
 from cascade.predict.simulator import simulate
@@ -116,15 +117,18 @@ words = st.sampled_from(["a", "b", "c", " ", "\n", "d:\n", "(", ")"])
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(words, max_size=60), st.lists(words, max_size=60), st.integers(1, 10),
-       st.sampled_from(["smart", "prefix"]), st.booleans())
+       st.sampled_from(["smart", "prefix"]), st.booleans(), st.lists(st.lists(words, max_size=30), max_size=3))
 def test_simulator_always_reproduces_target_and_counts_consistently(target_words: list[str],
                                                                     prediction_words: list[str], k: int,
-                                                                    mode: str, adaptive: bool) -> None:
+                                                                    mode: str, adaptive: bool,
+                                                                    elsewhere: list[list[str]]) -> None:
     tok = ToyTokenizer()
     target = [tok.id(w) for w in target_words]
     prediction = [tok.id(w) for w in prediction_words]
     lengths = ConfidenceLength(k) if adaptive else FixedLength(k)
-    result = simulate(target, prediction, tok, k=k, mode=mode, lengths=lengths)  # type: ignore[arg-type]
+    datastore = CodeDatastore.build([[tok.id(w) for w in code] for code in elsewhere], max_n=2)
+    result = simulate(target, prediction, tok, k=k, mode=mode, lengths=lengths,  # type: ignore[arg-type]
+                      datastore=datastore)
     assert result.tokens == target
     assert result.accepted == sum(result.accepted_per_step)
     assert result.accepted + result.rejected == result.proposed
@@ -418,3 +422,49 @@ def test_a_fresh_anchor_drafts_shorter_in_a_crowded_step_and_a_held_one_does_not
     held = PredictionState(ids, tok, k=64)
     held.observe(ids[:20])  # the prediction's start: its whole text is the evidence
     assert len(held.propose(64, rows=8)) == len(held.propose(64)) == 64
+
+
+ELSEWHERE = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n"
+
+
+def _datastore(tok: ToyTokenizer, text: str = ELSEWHERE, copies: int = 3) -> CodeDatastore:
+    return CodeDatastore.build([tok.encode_text(text)] * copies)
+
+
+def test_new_code_the_request_has_never_seen_is_drafted_from_code_elsewhere() -> None:
+    tok = ToyTokenizer()
+    new_code = "class Pair:\n    def __init__(self, x, y):\n        self.x = x\n"
+    target = tok.encode_text(new_code)
+    store = _datastore(tok)
+    without = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, datastore=None)
+    result = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, datastore=store)
+    assert result.tokens == target and result.state is not None
+    assert result.state.accepted_by_source["successors"] > without.state.accepted_by_source["successors"]  # type: ignore[union-attr]
+    assert result.prediction_accepted == result.prediction_rejected == 0  # usage: prediction drafts only
+    assert result.steps < without.steps
+
+
+def test_a_toy_vocabulary_runs_without_the_services_datastore() -> None:
+    tok = ToyTokenizer()
+    target = tok.encode_text(ELSEWHERE)
+    prediction = tok.encode_text("zebra quartz\n")
+    default = simulate(target, prediction, tok, k=8)
+    assert default.drafted_per_step == simulate(target, prediction, tok, k=8, datastore=None).drafted_per_step
+    assert default.steps > simulate(target, prediction, tok, k=8, datastore=_datastore(tok)).steps
+
+
+def test_a_sampled_request_whose_output_never_follows_the_prediction_draws_nothing_from_code_elsewhere() -> None:
+    tok = ToyTokenizer()
+    target = tok.encode_text(ELSEWHERE)
+    result = simulate(target, tok.encode_text("zebra quartz\n"), tok, k=8, sampled=True, datastore=_datastore(tok))
+    assert result.proposed == result.prediction_rejected
+
+
+def test_a_crowded_step_needs_a_likelier_draft_from_code_elsewhere() -> None:
+    tok = ToyTokenizer()
+    store = CodeDatastore.build([tok.encode_text("x = 1\n"), tok.encode_text("x = 2\n")] * 2)  # "=": "1" or "2"
+    state = PredictionState(tok.encode_text("zebra"), tok, k=8, datastore=store)
+    state.observe(tok.encode_text("y = "))
+    alone = state.propose(8)
+    assert alone and alone == store.propose(tok.encode_text("y = "), 8, 0.5)
+    assert state.propose(8, rows=8) == []

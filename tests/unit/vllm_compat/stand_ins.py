@@ -111,9 +111,10 @@ def fresh(cls: type) -> type:
 
 
 def toy_proposer(monkeypatch: Any, vocabulary: Any, k: int, response_cache_tokens: int = 0,
-                 crowding: float = 0.5) -> Any:
+                 crowding: float = 0.5, datastore: Any = None) -> Any:
     """The real ``StaticTextProposer`` over a toy vocabulary (no tokenizer is loaded), drafting ≤ ``k``,
-    keeping ``response_cache_tokens`` of earlier responses, with the given draft ``crowding``."""
+    keeping ``response_cache_tokens`` of earlier responses, with the given draft ``crowding`` and code
+    ``datastore`` (a toy vocabulary has none of its own)."""
     import pytest
     from cascade.vllm_compat.proposer import StaticTextProposer
     from cascade.vllm_compat.request_keys import DRAFT_CROWDING_KEY, RESPONSE_CACHE_KEY
@@ -121,6 +122,8 @@ def toy_proposer(monkeypatch: Any, vocabulary: Any, k: int, response_cache_token
     vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
     monkeypatch.setattr(vllm_tokenizers, "get_tokenizer", lambda *a, **kw: None)
     monkeypatch.setattr("cascade.vllm_compat.proposer.tokenizer_vocabulary", lambda tokenizer: vocabulary)
+    if datastore is not None:
+        monkeypatch.setattr("cascade.vllm_compat.proposer.datastore_for", lambda *args: datastore)
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                              model_config=SimpleNamespace(max_model_len=256, tokenizer="toy", trust_remote_code=False),
                              additional_config={RESPONSE_CACHE_KEY: response_cache_tokens,
