@@ -72,7 +72,8 @@ class Settings(BaseSettings):
         "(~25 s for 32 MiB, then memory-mapped from the cache directory); 0: off."
     )
     prediction_datastore_dir: str | None = Field(
-        None, description="Where built code datastores are kept (default: $XDG_CACHE_HOME/cascade or ~/.cache/cascade)."
+        None, description="Where built code datastores are kept (default: $CASCADE_HOME/datastores, that is "
+        "~/.cascade/datastores)."
     )
     prediction_response_cache_tokens: int = Field(
         32768, ge=0, description="Tokens of earlier responses to `prediction` requests kept by the prediction engine "

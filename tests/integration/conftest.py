@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from cascade.predict.datastore_corpus import default_cache_dir
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,9 @@ def start_service(tmp: Path, extra_args: list[str], env_extra: dict[str, str] | 
     answered in 4–8 s), so a 1,000-token request finished before a test could see it running."""
     port = free_port()
     log_path = tmp / f"service-{port}.log"
-    env = {**os.environ, "CASCADE_HOME": str(tmp / "home"), **(env_extra or {})}
+    # every service of the run shares the user's code datastores: built once per tokenizer, not per service
+    datastores = {"CASCADE_PREDICTION_DATASTORE_DIR": str(default_cache_dir())}
+    env = {**os.environ, **datastores, "CASCADE_HOME": str(tmp / "home"), **(env_extra or {})}
     args = [sys.executable, "-m", "cascade", "serve", "--port", str(port), "--api-key", API_KEY, *extra_args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -189,6 +189,18 @@ def test_answers_are_kept_per_user_as_a_draft_source_and_change_no_text(service:
     assert again.usage.completion_tokens_details.accepted_prediction_tokens == 0
 
 
+def test_the_prediction_engine_drafts_new_code_from_this_environments_sources(service: Service,
+                                                                               openai_client) -> None:
+    """The code datastore (``prediction_datastore_mib``) is built or loaded for the served tokenizer inside
+    the real engine, and a request it drafts for keeps the greedy answer."""
+    from tests.integration.conftest import live_state
+
+    assert int(live_state(service)["engines"]["predict"]["prediction_datastore_ngrams"]) > 100_000
+    plain = _greedy(openai_client, max_tokens=40).choices[0].text
+    useless = {"prediction": {"type": "content", "content": "SELECT name FROM users;\n"}}
+    assert _greedy(openai_client, max_tokens=40, extra_body=useless).choices[0].text == plain
+
+
 def test_a_prediction_near_the_end_of_the_context_is_drafted_not_padded(service: Service, openai_client) -> None:
     """Within K tokens of ``max_model_len`` vLLM skips a drafter and schedules K drafts of token 0 for
     every row (each rejected, each step verifying K positions); the text drafter drafts there, so the

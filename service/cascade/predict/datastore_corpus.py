@@ -8,8 +8,9 @@ of their path inside their root until the byte budget is spent, which samples ev
 of the alphabet's first ones.
 
 Tokenising ~32 MiB and counting takes ~30 s, so a datastore is built once per tokenizer (its token
-bytes and how it spells a sample) and corpus, saved under the cache directory and memory-mapped from
-there; a lock lets one engine build while the others wait for it.
+bytes and how it spells a sample) and corpus, saved under ``$CASCADE_HOME/datastores`` (or the
+configured directory) and memory-mapped from there; a lock lets one engine build while the others
+wait for it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sysconfig
 import time
 from pathlib import Path
 
+from cascade.home import cascade_home
 from cascade.predict.code_datastore import CodeDatastore
 from cascade.predict.vocabulary import TokenizerVocabulary, Vocabulary
 
@@ -35,7 +37,7 @@ logger = logging.getLogger("cascade.predict.datastore")
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cascade"
+    return cascade_home() / "datastores"
 
 
 def _skipped(relative: Path) -> bool:

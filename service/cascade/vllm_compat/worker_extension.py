@@ -32,7 +32,8 @@ LIVE_STATE_RPC = "cascade_live_state"
 INSTALL_HOOKS_RPC = "cascade_install_hooks"
 PREDICTION_USAGE_RPC = "cascade_prediction_usage"
 HOOKS = ("export", "bind_batch", "draft_sampling")
-KINDS = ("runner_requests", "batch_rows", "prediction_states", "prediction_debug_logs", "prediction_response_tokens")
+KINDS = ("runner_requests", "batch_rows", "prediction_states", "prediction_debug_logs", "prediction_response_tokens",
+         "prediction_datastore_ngrams")
 _MISSING = object()
 
 # What each hook reads on the live runner: (dotted attribute path, required type or None, callable?).
@@ -138,6 +139,8 @@ def live_state(worker: Any) -> dict[str, int]:
         counts["prediction_debug_logs"] = len(drafter.logs)
         responses = getattr(drafter, "responses", None)
         counts["prediction_response_tokens"] = responses.tokens if responses is not None else 0
+        datastore = getattr(drafter, "datastore", None)
+        counts["prediction_datastore_ngrams"] = datastore.ngrams if datastore is not None else 0
     return counts
 
 

@@ -95,10 +95,10 @@ def test_no_runner_and_unknown_hook() -> None:
 def test_live_state_still_counts() -> None:
     runner = complete_runner()
     runner.drafter = SimpleNamespace(release_finished=lambda: 0, states={"a": 1}, logs={},
-                                     responses=SimpleNamespace(tokens=12))
+                                     responses=SimpleNamespace(tokens=12), datastore=SimpleNamespace(ngrams=345))
     counts = Worker(runner).cascade_live_state()
     assert counts == {"runner_requests": 0, "batch_rows": 0, "prediction_states": 1, "prediction_debug_logs": 0,
-                      "prediction_response_tokens": 12}
+                      "prediction_response_tokens": 12, "prediction_datastore_ngrams": 345}
     assert merge_counts([counts, {**counts, "batch_rows": -1}])["batch_rows"] == -1
 
 
