@@ -15,6 +15,7 @@ wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -40,30 +41,34 @@ def default_cache_dir() -> Path:
     return cascade_home() / "datastores"
 
 
-def _skipped(relative: Path) -> bool:
-    return any(part in ("test", "tests", "site-packages", "__pycache__") for part in relative.parts[:-1])
+def _skipped(folder: Path) -> bool:
+    return folder.name in ("test", "tests", "site-packages", "__pycache__")
 
 
 def python_sources(budget_bytes: int) -> list[tuple[Path, Path]]:
-    """(root, path inside it) of the environment's ``.py`` files chosen for a corpus of ``budget_bytes``."""
+    """(root, path inside it) of the environment's ``.py`` files chosen for a corpus of ``budget_bytes``
+    (unreadable folders are skipped; symbolic links to folders are not followed)."""
     own = Path(__file__).resolve().parents[1]
     paths = sysconfig.get_paths()
     roots = list(dict.fromkeys(Path(paths[name]).resolve() for name in ("stdlib", "purelib", "platlib")))
-    found: list[tuple[str, Path, Path]] = []
+    found: list[tuple[str, Path, Path, int]] = []
     for root in roots:
-        for path in root.rglob("*.py"):
-            relative = path.relative_to(root)
-            if _skipped(relative) or own in path.resolve().parents:
-                continue
-            found.append((hashlib.sha1(relative.as_posix().encode()).hexdigest(), root, relative))
+        for folder, subfolders, files in os.walk(root):
+            here = Path(folder)
+            subfolders[:] = sorted(d for d in subfolders if not _skipped(Path(d)) and here / d != own)
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                relative = (here / name).relative_to(root)
+                with contextlib.suppress(OSError):
+                    size = (here / name).stat().st_size
+                    found.append((hashlib.sha1(relative.as_posix().encode()).hexdigest(), root, relative, size))
     chosen: list[tuple[Path, Path]] = []
     spent = 0
-    for _, root, relative in sorted(found):
-        size = (root / relative).stat().st_size
-        if spent + size > budget_bytes:
-            continue
-        chosen.append((root, relative))
-        spent += size
+    for _, root, relative, size in sorted(found):
+        if spent + size <= budget_bytes:
+            chosen.append((root, relative))
+            spent += size
     return chosen
 
 
@@ -101,18 +106,34 @@ def datastore_for(vocab: Vocabulary, mib: int = DEFAULT_MIB, cache_dir: Path | N
 def _cached(vocab: TokenizerVocabulary, mib: int, cache_dir: Path) -> CodeDatastore:
     sources = python_sources(mib << 20)
     directory = cache_dir / f"datastore-{_fingerprint(vocab, sources)}"
-    if not directory.is_dir():
+    if directory.is_dir():
+        return CodeDatastore.load(directory)
+    try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(cache_dir / f"{directory.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not directory.is_dir():
-                began = time.perf_counter()
-                datastore = build(vocab, sources)
-                partial = cache_dir / f"{directory.name}.{os.getpid()}.partial"
-                shutil.rmtree(partial, ignore_errors=True)
-                datastore.save(partial)
-                partial.rename(directory)
-                logger.info("code datastore built", extra={"files": len(sources), "ngrams": datastore.ngrams,
-                                                           "seconds": round(time.perf_counter() - began, 1),
-                                                           "path": str(directory)})
+        lock = open(cache_dir / f"{directory.name}.lock", "w")  # noqa: SIM115 - held while building
+    except OSError:
+        logger.warning("code datastore cache not writable: building it in memory", extra={"path": str(cache_dir)})
+        return _build(vocab, sources)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if directory.is_dir():  # another engine built it while this one waited
+            return CodeDatastore.load(directory)
+        datastore = _build(vocab, sources)
+        partial = cache_dir / f"{directory.name}.{os.getpid()}.partial"
+        try:
+            shutil.rmtree(partial, ignore_errors=True)
+            datastore.save(partial)
+            partial.rename(directory)
+        except OSError:
+            logger.warning("code datastore not saved", extra={"path": str(directory)}, exc_info=True)
+            shutil.rmtree(partial, ignore_errors=True)
+            return datastore
     return CodeDatastore.load(directory)
+
+
+def _build(vocab: Vocabulary, sources: list[tuple[Path, Path]]) -> CodeDatastore:
+    began = time.perf_counter()
+    datastore = build(vocab, sources)
+    logger.info("code datastore built", extra={"files": len(sources), "ngrams": datastore.ngrams,
+                                               "seconds": round(time.perf_counter() - began, 1)})
+    return datastore

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cascade.predict.code_datastore import CodeDatastore
 from cascade.predict.datastore_corpus import DEFAULT_MIB, datastore_for
 from cascade.predict.debug_log import PredictionDebugLog
 from cascade.predict.draft_length import ConfidenceLength, DraftLength, FixedLength
@@ -82,15 +83,23 @@ class StaticTextProposer:
         extra = getattr(vllm_config, "additional_config", None) or {}
         self.responses = ResponseCache(int(extra.get(RESPONSE_CACHE_KEY, 0)))
         self.crowding = float(extra.get(DRAFT_CROWDING_KEY, ConfidenceLength.CROWDING))
-        directory = extra.get(DATASTORE_DIR_KEY)
-        self.datastore = datastore_for(self.vocab, int(extra.get(DATASTORE_MIB_KEY, DEFAULT_MIB)),
-                                       Path(directory) if directory else None)
+        self.datastore = self._load_datastore(extra)
         self.logs: dict[str, PredictionDebugLog] = {}
         self.ledgers: dict[str, PredictionLedger] = {}
         self.finished_ledgers = FinishedLedgers()
         self._rows: list[str] = []
         self._requests: Mapping[str, Any] = {}
         self._bound = False
+
+    def _load_datastore(self, extra: Mapping[str, Any]) -> CodeDatastore | None:
+        """The code datastore for this tokenizer; a failure to build it costs drafts, never the engine."""
+        directory = extra.get(DATASTORE_DIR_KEY)
+        try:
+            return datastore_for(self.vocab, int(extra.get(DATASTORE_MIB_KEY, DEFAULT_MIB)),
+                                 Path(directory) if directory else None)
+        except Exception:
+            logger.warning("no code datastore: predictions draft from the request only", exc_info=True)
+            return None
 
     def bind_batch(self, req_ids: list[str], requests: Mapping[str, Any]) -> None:
         """Called by the hook before each ``propose``: row → request id, and live requests. Arms the

@@ -44,3 +44,14 @@ def test_a_tokenizers_datastore_is_built_once_and_then_loaded_from_the_cache(tmp
     vocab = vocabulary()
     context = vocab.encode(b"import os\n\n\nclass Settings:\n    def __init__(self")
     assert again.propose(context, 4, 0.0) == built.propose(context, 4, 0.0) != []
+
+
+def test_a_cache_directory_that_cannot_be_written_still_gives_a_datastore(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from cascade.vllm_compat.proposer import tokenizer_vocabulary
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    vocab = tokenizer_vocabulary(transformers.AutoTokenizer.from_pretrained(str(REPO / "models" / "pycoder-23m")))
+    store = datastore_for(vocab, 1, blocked / "datastores")
+    assert store is not None and store.ngrams > 1000

@@ -139,3 +139,17 @@ def test_code_elsewhere_drafts_for_a_request_but_never_for_a_seeded_sample(monke
     assert drafts[0] and drafts[0] == new_code[4:4 + len(drafts[0])]
     assert proposer.states["greedy"].last_source == "successors"
     assert drafts[1] == [] and proposer.states["seeded"].datastore is None
+
+
+def test_an_engine_whose_datastore_fails_to_build_still_drafts_from_the_request(monkeypatch: pytest.MonkeyPatch,
+                                                                                 toy: ToyTokenizer) -> None:
+    def broken(*args: Any) -> None:
+        raise PermissionError("no reading the site-packages here")
+
+    monkeypatch.setattr("cascade.vllm_compat.proposer.datastore_for", broken)
+    proposer = toy_proposer(monkeypatch, toy, 8)
+    assert proposer.datastore is None
+    prompt = toy.encode_text(PROMPT)
+    written = toy.encode_text("def helper")
+    proposer.bind_batch(["r"], {"r": request(toy, prompt, True)})
+    assert proposer.propose([written], np.array([len(prompt) + len(written)]), None)[0]
