@@ -37,7 +37,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     folder = build(model, tmp_path_factory.mktemp("checkpoints") / model.name)
     service = start_service(tmp_path_factory.mktemp(model.name), [
         "--model", str(folder), "--max-model-len", "256", "--kv-cache-mib", "32", "--codec-threads", "1",
-        "--num-speculative-tokens", "8", *model.serve_args], env_extra=model.env, timeout=600)
+        "--num-speculative-tokens", "8", "--prediction-datastore-mib", "2",  # a small one per tokenizer
+        *model.serve_args], env_extra=model.env, timeout=600)
     generation = json.loads((folder / "generation_config.json").read_text())
     config = json.loads((folder / "config.json").read_text())
     yield Served(model, service, int(generation["eos_token_id"]), model_vocab_of_tokenizer(folder),
