@@ -1,11 +1,11 @@
 """The code datastore the service drafts from: this Python environment's own sources, tokenised once.
 
 Every machine that runs the service has the same corpus at hand, with nothing to download: the
-standard library and the installed packages' ``.py`` files (the pinned dependencies, so the same
-files on every install of a release). Tests and the service's own package are left out (so a replay
-of this project's history never drafts its own after-files). Files are taken in the order of a hash
-of their path inside their root until the byte budget is spent, which samples every package instead
-of the alphabet's first ones.
+standard library and the installed packages' ``.py`` files (the pinned dependencies: the same files
+on every install of a release, but for transitive packages that move with the index). Tests and the
+service's own package are left out (so a replay of this project's history never drafts its own
+after-files). Files are taken in the order of a hash of their path inside their root until the byte
+budget is spent, which samples every package instead of the alphabet's first ones.
 
 Tokenising ~32 MiB and counting takes ~30 s, so a datastore is built once per tokenizer (its token
 bytes and how it spells a sample) and corpus, saved under ``$CASCADE_HOME/datastores`` (or the
@@ -41,8 +41,8 @@ def default_cache_dir() -> Path:
     return cascade_home() / "datastores"
 
 
-def _skipped(folder: Path) -> bool:
-    return folder.name in ("test", "tests", "site-packages", "__pycache__")
+def _skipped(folder: str) -> bool:
+    return folder in ("test", "tests", "site-packages", "__pycache__")
 
 
 def python_sources(budget_bytes: int) -> list[tuple[Path, Path]]:
@@ -55,7 +55,7 @@ def python_sources(budget_bytes: int) -> list[tuple[Path, Path]]:
     for root in roots:
         for folder, subfolders, files in os.walk(root):
             here = Path(folder)
-            subfolders[:] = sorted(d for d in subfolders if not _skipped(Path(d)) and here / d != own)
+            subfolders[:] = sorted(d for d in subfolders if not _skipped(d) and here / d != own)
             for name in files:
                 if not name.endswith(".py"):
                     continue

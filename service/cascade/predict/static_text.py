@@ -316,15 +316,12 @@ class PredictionState:
         if self.datastore is None:
             return own
         elsewhere = self.datastore.successor(self._context)
-        if elsewhere is None or (own and (elsewhere[0] == own[0] or elsewhere[1] <= self._own_share())):
+        mine = self.successors.successor(self._context)
+        if elsewhere is None or (own and mine and (elsewhere[0] == mine[0] or elsewhere[1] <= mine[1])):
             return own
         scale = self.lengths.scale(rows) if rows > 1 else 1.0
         needed = 1 - (1 - self.datastore_probability) / scale
         return self.datastore.propose(self._context, min(limit, self.datastore_tokens), needed) or own
-
-    def _own_share(self) -> float:
-        found = self.successors.successor(self._context)
-        return found[1] if found else 0.0
 
     def _lengthen_on_agreement(self, draft: list[int], continuations: list[tuple[list[int], int]],
                                limit: int, rows: int) -> list[int]:
