@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cascade.predict.successor_counts import likely_draft
+
 _BASE = 0x100000001B3
 _MASK = (1 << 64) - 1
 _FIELDS = ("hashes", "tokens", "shares")
@@ -116,17 +118,4 @@ class CodeDatastore:
     def propose(self, context: Sequence[int], k: int, min_probability: float) -> list[int]:
         """Up to ``k`` tokens, each the most frequent successor of the context extended by the draft so
         far, while the product of their shares stays ≥ ``min_probability``."""
-        recent = [int(t) for t in context[-self.max_n:]]
-        draft: list[int] = []
-        probability = 1.0
-        while len(draft) < k:
-            found = self.successor(recent)
-            if found is None:
-                break
-            token, share = found
-            probability *= share
-            if probability < min_probability:
-                break
-            draft.append(token)
-            recent = [*recent, token][-self.max_n:]
-        return draft
+        return likely_draft(self.successor, context, k, min_probability, self.max_n)

@@ -8,7 +8,29 @@ draft (the product of count ratios) stays at or above ``min_probability``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+Successor = Callable[[Sequence[int]], tuple[int, float] | None]
+
+
+def likely_draft(successor: Successor, context: Sequence[int], k: int, min_probability: float,
+                 window: int) -> list[int]:
+    """Up to ``k`` tokens, each ``successor`` of the context's last ``window`` tokens extended by the draft
+    so far, while the product of their shares stays ≥ ``min_probability``."""
+    recent = [int(t) for t in context[-window:]]
+    draft: list[int] = []
+    probability = 1.0
+    while len(draft) < k:
+        found = successor(recent)
+        if found is None:
+            break
+        token, share = found
+        probability *= share
+        if probability < min_probability:
+            break
+        draft.append(token)
+        recent = [*recent, token][-window:]
+    return draft
 
 
 class SuccessorCounts:
@@ -50,17 +72,5 @@ class SuccessorCounts:
     def propose(self, context: Sequence[int], k: int, min_probability: float, min_count: int = 2) -> list[int]:
         """Up to ``k`` tokens, each the most frequent successor of the longest known suffix (seen at
         least ``min_count`` times) of the context extended by the draft so far."""
-        recent = [int(t) for t in context[-self.max_n:]]
-        draft: list[int] = []
-        probability = 1.0
-        while len(draft) < k:
-            found = self.successor(recent, min_count)
-            if found is None:
-                break
-            token, share = found
-            probability *= share
-            if probability < min_probability:
-                break
-            draft.append(token)
-            recent = [*recent, token][-self.max_n:]
-        return draft
+        return likely_draft(lambda recent: self.successor(recent, min_count), context, k, min_probability,
+                            self.max_n)
