@@ -24,6 +24,7 @@ import os
 import shutil
 import sysconfig
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from cascade.home import cascade_home
@@ -45,9 +46,11 @@ def _skipped(folder: str) -> bool:
     return folder in ("test", "tests", "site-packages", "__pycache__")
 
 
-def python_sources(budget_bytes: int) -> list[tuple[Path, Path]]:
-    """(root, path inside it) of the environment's ``.py`` files chosen for a corpus of ``budget_bytes``
-    (unreadable folders are skipped; symbolic links to folders are not followed)."""
+@functools.lru_cache(maxsize=8)
+def python_sources(budget_bytes: int) -> tuple[tuple[Path, Path, int], ...]:
+    """(root, path inside it, size) of the environment's ``.py`` files chosen for a corpus of
+    ``budget_bytes`` (unreadable folders are skipped; symbolic links to folders are not followed).
+    Walked once per process: the files are the installed packages'."""
     own = Path(__file__).resolve().parents[1]
     paths = sysconfig.get_paths()
     roots = list(dict.fromkeys(Path(paths[name]).resolve() for name in ("stdlib", "purelib", "platlib")))
@@ -63,28 +66,28 @@ def python_sources(budget_bytes: int) -> list[tuple[Path, Path]]:
                 with contextlib.suppress(OSError):
                     size = (here / name).stat().st_size
                     found.append((hashlib.sha1(relative.as_posix().encode()).hexdigest(), root, relative, size))
-    chosen: list[tuple[Path, Path]] = []
+    chosen: list[tuple[Path, Path, int]] = []
     spent = 0
     for _, root, relative, size in sorted(found):
         if spent + size <= budget_bytes:
-            chosen.append((root, relative))
+            chosen.append((root, relative, size))
             spent += size
-    return chosen
+    return tuple(chosen)
 
 
-def _fingerprint(vocab: TokenizerVocabulary, sources: list[tuple[Path, Path]]) -> str:
+def _fingerprint(vocab: TokenizerVocabulary, sources: Sequence[tuple[Path, Path, int]]) -> str:
     digest = hashlib.sha256(f"{FORMAT} {MAX_N}\n".encode())
     for piece in vocab.pieces:
         digest.update(len(piece).to_bytes(2, "little") + piece)
     digest.update(repr(vocab.encode(SAMPLE.encode())).encode())
-    for root, relative in sources:
-        digest.update(f"{relative.as_posix()} {(root / relative).stat().st_size}\n".encode())
+    for _, relative, size in sources:
+        digest.update(f"{relative.as_posix()} {size}\n".encode())
     return digest.hexdigest()[:24]
 
 
-def build(vocab: Vocabulary, sources: list[tuple[Path, Path]]) -> CodeDatastore:
+def build(vocab: Vocabulary, sources: Sequence[tuple[Path, Path, int]]) -> CodeDatastore:
     sequences = []
-    for root, relative in sources:
+    for root, relative, _ in sources:
         try:
             text = (root / relative).read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError):
@@ -96,18 +99,24 @@ def build(vocab: Vocabulary, sources: list[tuple[Path, Path]]) -> CodeDatastore:
 def datastore_for(vocab: Vocabulary, mib: int = DEFAULT_MIB, cache_dir: Path | None = None) -> CodeDatastore | None:
     """The datastore of ``mib`` MiB of this environment's sources for a tokenizer's vocabulary, from the
     cache or built into it; None when ``mib`` is 0 or the vocabulary is not a tokenizer's (only a
-    ``TokenizerVocabulary`` says which tokenizer it is: what the service always uses)."""
+    ``TokenizerVocabulary`` says which tokenizer it is: what the service always uses). Loaded once per
+    process and folder."""
     if mib <= 0 or not isinstance(vocab, TokenizerVocabulary):
         return None
-    return _cached(vocab, mib, cache_dir or default_cache_dir())
-
-
-@functools.lru_cache(maxsize=4)
-def _cached(vocab: TokenizerVocabulary, mib: int, cache_dir: Path) -> CodeDatastore:
     sources = python_sources(mib << 20)
-    directory = cache_dir / f"datastore-{_fingerprint(vocab, sources)}"
+    directory = (cache_dir or default_cache_dir()) / f"datastore-{_fingerprint(vocab, sources)}"
+    if directory not in _loaded:
+        _loaded[directory] = _load_or_build(directory, vocab, sources)
+    return _loaded[directory]
+
+
+_loaded: dict[Path, CodeDatastore] = {}
+
+
+def _load_or_build(directory: Path, vocab: Vocabulary, sources: Sequence[tuple[Path, Path, int]]) -> CodeDatastore:
     if directory.is_dir():
         return CodeDatastore.load(directory)
+    cache_dir = directory.parent
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         lock = open(cache_dir / f"{directory.name}.lock", "w")  # noqa: SIM115 - held while building
@@ -131,7 +140,7 @@ def _cached(vocab: TokenizerVocabulary, mib: int, cache_dir: Path) -> CodeDatast
     return CodeDatastore.load(directory)
 
 
-def _build(vocab: Vocabulary, sources: list[tuple[Path, Path]]) -> CodeDatastore:
+def _build(vocab: Vocabulary, sources: Sequence[tuple[Path, Path, int]]) -> CodeDatastore:
     began = time.perf_counter()
     datastore = build(vocab, sources)
     logger.info("code datastore built", extra={"files": len(sources), "ngrams": datastore.ngrams,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cascade.predict import datastore_corpus
 from cascade.predict.datastore_corpus import datastore_for, python_sources
 
 from tests.unit.predict.toy_tokens import ToyTokenizer
@@ -14,11 +16,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_sources_fit_the_budget_leave_out_tests_and_the_service_and_repeat() -> None:
     chosen = python_sources(1 << 20)
-    assert chosen == python_sources(1 << 20)
-    assert 0 < sum((root / relative).stat().st_size for root, relative in chosen) <= 1 << 20
-    assert not any({"test", "tests"} & set(relative.parts[:-1]) for _, relative in chosen)
+    assert chosen == python_sources.__wrapped__(1 << 20)  # the same files when walked again
+    assert 0 < sum((root / relative).stat().st_size for root, relative, _ in chosen) <= 1 << 20
+    assert all((root / relative).stat().st_size == size for root, relative, size in chosen)
+    assert not any({"test", "tests"} & set(relative.parts[:-1]) for _, relative, _ in chosen)
     service = (REPO / "service" / "cascade").resolve()
-    assert not any(service in (root / relative).resolve().parents for root, relative in chosen)
+    assert not any(service in (root / relative).resolve().parents for root, relative, _ in chosen)
 
 
 def test_no_datastore_when_off_or_for_a_vocabulary_that_is_not_a_tokenizers(tmp_path: Path) -> None:
@@ -30,7 +33,7 @@ def test_a_tokenizers_datastore_is_built_once_and_then_loaded_from_the_cache(tmp
     transformers = pytest.importorskip("transformers")
     from cascade.vllm_compat.proposer import tokenizer_vocabulary
 
-    def vocabulary():  # a new object each time: the second load comes from disk, not from memory
+    def vocabulary() -> Any:  # a new object each time, as each engine process has its own
         return tokenizer_vocabulary(transformers.AutoTokenizer.from_pretrained(str(REPO / "models" / "pycoder-23m")))
 
     assert datastore_for(vocabulary(), 0, tmp_path) is None
@@ -38,6 +41,8 @@ def test_a_tokenizers_datastore_is_built_once_and_then_loaded_from_the_cache(tmp
     assert built is not None and built.ngrams > 1000
     stores = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert len(stores) == 1 and stores[0].name.startswith("datastore-")
+    assert datastore_for(vocabulary(), 1, tmp_path) is built  # once per process
+    datastore_corpus._loaded.clear()  # another process: from the folder the first one saved
     again = datastore_for(vocabulary(), 1, tmp_path)
     assert again is not None and again is not built and again.ngrams == built.ngrams
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == stores
