@@ -89,11 +89,15 @@ def build(vocab: Vocabulary, sources: Sequence[tuple[Path, Path, int]]) -> CodeD
     sequences = []
     for root, relative, _ in sources:
         try:
-            text = (root / relative).read_bytes().decode("utf-8")
+            data = (root / relative).read_bytes()
+            data.decode("utf-8")  # only text files
         except (OSError, UnicodeDecodeError):
             continue
-        sequences.append(vocab.encode(text.encode()))
+        sequences.append(vocab.encode(data))
     return CodeDatastore.build(sequences, MAX_N)
+
+
+_loaded: dict[Path, CodeDatastore] = {}  # per process: each folder memory-mapped once
 
 
 def datastore_for(vocab: Vocabulary, mib: int = DEFAULT_MIB, cache_dir: Path | None = None) -> CodeDatastore | None:
@@ -108,9 +112,6 @@ def datastore_for(vocab: Vocabulary, mib: int = DEFAULT_MIB, cache_dir: Path | N
     if directory not in _loaded:
         _loaded[directory] = _load_or_build(directory, vocab, sources)
     return _loaded[directory]
-
-
-_loaded: dict[Path, CodeDatastore] = {}
 
 
 def _load_or_build(directory: Path, vocab: Vocabulary, sources: Sequence[tuple[Path, Path, int]]) -> CodeDatastore:

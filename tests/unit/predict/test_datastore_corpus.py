@@ -29,13 +29,15 @@ def test_no_datastore_when_off_or_for_a_vocabulary_that_is_not_a_tokenizers(tmp_
     assert not list(tmp_path.iterdir())
 
 
-def test_a_tokenizers_datastore_is_built_once_and_then_loaded_from_the_cache(tmp_path: Path) -> None:
+def vocabulary() -> Any:
+    """pycoder's vocabulary as the engine builds it: a new object each time, as each engine process has its own."""
     transformers = pytest.importorskip("transformers")
     from cascade.vllm_compat.proposer import tokenizer_vocabulary
 
-    def vocabulary() -> Any:  # a new object each time, as each engine process has its own
-        return tokenizer_vocabulary(transformers.AutoTokenizer.from_pretrained(str(REPO / "models" / "pycoder-23m")))
+    return tokenizer_vocabulary(transformers.AutoTokenizer.from_pretrained(str(REPO / "models" / "pycoder-23m")))
 
+
+def test_a_tokenizers_datastore_is_built_once_and_then_loaded_from_the_cache(tmp_path: Path) -> None:
     assert datastore_for(vocabulary(), 0, tmp_path) is None
     built = datastore_for(vocabulary(), 1, tmp_path)
     assert built is not None and built.ngrams > 1000
@@ -52,11 +54,7 @@ def test_a_tokenizers_datastore_is_built_once_and_then_loaded_from_the_cache(tmp
 
 
 def test_a_cache_directory_that_cannot_be_written_still_gives_a_datastore(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
-    from cascade.vllm_compat.proposer import tokenizer_vocabulary
-
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    vocab = tokenizer_vocabulary(transformers.AutoTokenizer.from_pretrained(str(REPO / "models" / "pycoder-23m")))
-    store = datastore_for(vocab, 1, blocked / "datastores")
+    store = datastore_for(vocabulary(), 1, blocked / "datastores")
     assert store is not None and store.ngrams > 1000
